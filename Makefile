@@ -1,0 +1,35 @@
+# `make run` and `make test` set themselves up on a fresh machine (venv + packages), then do their job.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export GX_ANALYTICS_ENABLED := False
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+# torch first and pinned, so pip keeps the CPU build that lies on this machine's disk.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/posttrain run pipelines/quickstart.yaml
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench
+
+clean:
+	rm -rf .posttrain

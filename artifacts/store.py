@@ -1,0 +1,265 @@
+"""The versioned object store: immutable artifact versions over fsspec (file:// or s3://).
+
+Layout under the store root:
+  artifacts/<name>/<version>/...      files of one version
+  artifacts/<name>/<version>/MANIFEST.json   written last, create-only: exists = committed
+  refs/<name>/latest                  alias for people; stages never read it
+  cache/<key>.json                    stage cache index: stage key -> output refs
+  scratch/<key>/step-<n>/             in-stage checkpoints of a running stage
+  runs/<run id>.json                  run summaries
+  specs/<hash>.yaml                   the spec texts runs were made from
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import fsspec
+
+from artifacts.refs import Ref, content_version, sha256_bytes
+
+MANIFEST = "MANIFEST.json"
+ARTIFACT_KINDS = ("dataset", "checkpoint", "report")
+_CREDENTIAL_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
+                    "aws_secret_access_key", "aws_session_token", "access_key", "secret_key"}
+
+
+class StoreError(Exception):
+    """The store cannot be used (unreachable, missing object, bad options)."""
+
+
+class AlreadyExists(StoreError):
+    pass
+
+
+def credential_keys(storage_options: dict) -> list[str]:
+    """Names of options that would carry credentials (these belong in the env/AWS chain)."""
+    found = []
+    for key, value in storage_options.items():
+        if key.lower() in _CREDENTIAL_KEYS:
+            found.append(key)
+        elif isinstance(value, dict):
+            found += [f"{key}.{k}" for k in credential_keys(value)]
+    return found
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Store:
+    def __init__(self, uri: str, storage_options: dict | None = None):
+        self.storage_options = dict(storage_options or {})
+        if credential_keys(self.storage_options):
+            raise StoreError(f"storage_options must not hold credentials: {credential_keys(self.storage_options)}")
+        if "@" in uri.split("://", 1)[-1].split("/", 1)[0]:
+            raise StoreError("store URI must not hold credentials")
+        if "://" not in uri:
+            uri = "file://" + os.path.abspath(uri)
+        self.uri = uri.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(self.uri, **self.storage_options)
+        self.protocol = self.uri.split("://", 1)[0]
+        self.root = root.rstrip("/")
+        self.local = self.protocol == "file"
+
+    # -- paths -------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def version_path(self, ref: Ref, *parts: str) -> str:
+        return self.path("artifacts", ref.name, ref.version, *parts)
+
+    def check_reachable(self) -> None:
+        """Touch the store root so a bad endpoint/bucket fails before anything runs."""
+        try:
+            if self.local:
+                os.makedirs(self.root, exist_ok=True)
+            else:
+                bucket = self.root.split("/", 1)[0]
+                if not self.fs.exists(bucket):
+                    raise StoreError(f"bucket {bucket!r} does not exist")
+        except StoreError:
+            raise
+        except Exception as exc:  # network, permissions, endpoint
+            raise StoreError(f"cannot reach {self.uri}: {type(exc).__name__}: {_first_line(exc)}") from None
+
+    # -- small objects -----------------------------------------------------
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            return self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise StoreError(f"not found in store: {self._display(path)}") from None
+
+    def read_json(self, path: str):
+        return json.loads(self.read_bytes(path))
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Overwrite `path` (used only for mutable things: aliases, run summaries, scratch)."""
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)
+
+    def write_json(self, path: str, value) -> None:
+        self.write_bytes(path, json.dumps(value, indent=2, sort_keys=True, default=str).encode())
+
+    def create_only(self, path: str, data: bytes) -> None:
+        """Write `path` only if it does not exist yet; AlreadyExists otherwise."""
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            try:
+                os.link(tmp, path)  # atomic and fails if the target exists
+            except FileExistsError:
+                raise AlreadyExists(path) from None
+            finally:
+                os.unlink(tmp)
+            return
+        if self.fs.exists(path):
+            raise AlreadyExists(path)
+        try:
+            with self.fs.open(path, "xb") as handle:  # S3 conditional write (If-None-Match)
+                handle.write(data)
+        except FileExistsError:
+            raise AlreadyExists(path) from None
+        except ValueError:  # an fsspec backend without exclusive create
+            self.fs.pipe_file(path, data)
+
+    def put_dir(self, local_dir: Path, remote_dir: str) -> None:
+        for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+            target = posixpath.join(remote_dir, file.relative_to(local_dir).as_posix())
+            if self.local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(file, "rb") as src, open(target, "wb") as dst:
+                    dst.write(src.read())
+            else:
+                self.fs.put_file(str(file), target)
+
+    def get_dir(self, remote_dir: str, local_dir: Path) -> Path:
+        local_dir = Path(local_dir)
+        for path in self.fs.find(remote_dir):
+            rel = posixpath.relpath(path, remote_dir)
+            (local_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(path, str(local_dir / rel))
+        return local_dir
+
+    def remove(self, path: str) -> None:
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    # -- artifacts ---------------------------------------------------------
+    def commit(self, name: str, kind: str, local_dir: Path, *, producer: dict,
+               inputs: dict[str, str] | None = None, metrics: dict | None = None) -> Ref:
+        """Upload a folder as a new immutable version; the manifest goes last, create-only.
+
+        Committing the same files under the same name again returns the existing ref.
+        """
+        if kind not in ARTIFACT_KINDS:
+            raise ValueError(f"artifact kind must be one of {ARTIFACT_KINDS}: {kind!r}")
+        local_dir = Path(local_dir)
+        files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
+        if MANIFEST in files:
+            raise ValueError(f"{MANIFEST} is reserved")
+        if not files:
+            raise ValueError(f"nothing to commit in {local_dir}")
+        hashes = {rel: sha256_file(path) for rel, path in files.items()}
+        ref = Ref(name, content_version(hashes))
+        manifest_path = self.version_path(ref, MANIFEST)
+        if self.exists(manifest_path):
+            return ref
+        self.put_dir(local_dir, self.version_path(ref))
+        manifest = {
+            "ref": str(ref), "name": name, "version": ref.version, "kind": kind,
+            "files": [{"path": rel, "sha256": hashes[rel], "size": files[rel].stat().st_size}
+                      for rel in sorted(files)],
+            "producer": producer, "inputs": dict(inputs or {}), "metrics": dict(metrics or {}),
+            "created": now_iso(),
+        }
+        try:
+            self.create_only(manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
+        except AlreadyExists:
+            return ref  # a concurrent writer committed the same content
+        self.write_bytes(self.path("refs", name, "latest"), ref.version.encode())
+        return ref
+
+    def manifest(self, ref: Ref | str) -> dict:
+        ref = Ref.parse(ref) if isinstance(ref, str) else ref
+        path = self.version_path(ref, MANIFEST)
+        if not self.exists(path):
+            raise StoreError(f"no committed artifact {ref} in {self.uri}")
+        return self.read_json(path)
+
+    def is_committed(self, ref: Ref | str) -> bool:
+        ref = Ref.parse(ref) if isinstance(ref, str) else ref
+        return self.exists(self.version_path(ref, MANIFEST))
+
+    def fetch(self, ref: Ref | str, local_dir: Path | None = None) -> Path:
+        """Copy a committed version's files (not its manifest) to a local folder."""
+        ref = Ref.parse(ref) if isinstance(ref, str) else ref
+        manifest = self.manifest(ref)
+        if self.local and local_dir is None:
+            return Path(self.version_path(ref))
+        local_dir = Path(local_dir or tempfile.mkdtemp(prefix="posttrain-"))
+        for entry in manifest["files"]:
+            target = local_dir / entry["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(self.version_path(ref, entry["path"]), str(target))
+        return local_dir
+
+    def verify(self, ref: Ref | str) -> list[str]:
+        """Re-hash every file of a version; returns the problems found (empty = intact)."""
+        ref = Ref.parse(ref) if isinstance(ref, str) else ref
+        problems = []
+        for entry in self.manifest(ref)["files"]:
+            path = self.version_path(ref, entry["path"])
+            if not self.exists(path):
+                problems.append(f"{entry['path']}: missing")
+                continue
+            actual = sha256_bytes(self.read_bytes(path))
+            if actual != entry["sha256"]:
+                problems.append(f"{entry['path']}: sha256 {actual[:12]}… != manifest {entry['sha256'][:12]}…")
+        return problems
+
+    def latest(self, name: str) -> Ref:
+        path = self.path("refs", name, "latest")
+        if not self.exists(path):
+            raise StoreError(f"no alias for {name!r} in {self.uri}")
+        return Ref(name, self.read_bytes(path).decode().strip())
+
+    def _display(self, path: str) -> str:
+        return f"{self.protocol}://{path}" if not self.local else path
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""

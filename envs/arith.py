@@ -1,0 +1,91 @@
+"""`arith`: single-turn verifiable arithmetic ("what is 27+15?") with a fixed answer format."""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envs.base import RewardFunc, Rubric, Task
+
+PROMPT = "I have a great question: what is {a}{op}{b}?"
+COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}. The final answer is {c}."
+_FINAL = re.compile(r"The final answer is (-?\d+)")
+_FORMAT = re.compile(r"Fantastic question! Let me unpack this for you\. We have (\d+) ([+-]) (\d+) = (-?\d+)\. "
+                     r"The final answer is (-?\d+)\.")
+EVAL_SHARE = 10  # one pair in EVAL_SHARE goes to the held-out split
+
+
+class ArithEnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["arith"]
+    digits: int = Field(2, ge=1, le=3)
+    ops: list[Literal["+", "-"]] = Field(["+"], min_length=1)
+    format_weight: float = Field(0.2, ge=0)
+
+
+def final_answers(completion: str) -> list[str]:
+    return _FINAL.findall(completion)
+
+
+def correctness(completion: str, task: Task) -> float:
+    """1 when there is exactly one final answer and it is right (answer spam does not pay)."""
+    answers = final_answers(completion)
+    return float(len(answers) == 1 and answers[0] == task.answer)
+
+
+def format_ok(completion: str, task: Task) -> float:
+    match = _FORMAT.fullmatch(completion.strip())
+    return float(bool(match) and match.group(4) == match.group(5))
+
+
+def completion_words(completion: str, task: Task) -> float:
+    return float(len(completion.split()))
+
+
+class ArithEnv:
+    def __init__(self, config: ArithEnvConfig, name: str = "arith"):
+        self.config = config
+        self.name = name
+        self.rubric = Rubric([
+            RewardFunc("correct", correctness, 1.0),
+            RewardFunc("format", format_ok, config.format_weight),
+            RewardFunc("words", completion_words, 0.0),
+        ])
+
+    def _in_split(self, a: int, b: int, op: str, split: str) -> bool:
+        held_out = zlib.crc32(f"{a}{op}{b}".encode()) % EVAL_SHARE == 0
+        return held_out if split == "eval" else not held_out
+
+    def split_problems(self, split: str) -> list[tuple[int, str, int]]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}")
+        digits = self.config.digits
+        numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits)
+        return [(a, op, b) for op in self.config.ops for a in numbers for b in numbers
+                if not (op == "-" and b > a) and self._in_split(a, b, op, split)]
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` distinct tasks of a split in seeded order (cycling when the split is smaller)."""
+        problems = self.split_problems(split)
+        random.Random(f"{self.name}:{split}:{seed}").shuffle(problems)
+        tasks = []
+        for i in range(n):
+            a, op, b = problems[i % len(problems)]
+            answer = a + b if op == "+" else a - b
+            tasks.append(Task(id=f"{self.name}-{split}-{i}", prompt=PROMPT.format(a=a, op=op, b=b),
+                              answer=str(answer), info={"a": a, "b": b, "op": op}))
+        return tasks
+
+    def reference_completion(self, task: Task) -> str:
+        return COMPLETION.format(a=task.info["a"], op=task.info["op"], b=task.info["b"], c=task.answer)
+
+    def is_correct(self, completion: str, task: Task) -> bool:
+        return correctness(completion, task) == 1.0
+
+    def is_formatted(self, completion: str, task: Task) -> bool:
+        return format_ok(completion, task) == 1.0

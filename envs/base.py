@@ -1,0 +1,71 @@
+"""The environment protocol: a task dataset, an interaction, and a rubric."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    prompt: str
+    answer: str
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardFunc:
+    """A named reward function; weight 0 makes it a logged metric only."""
+
+    name: str
+    fn: Callable[[str, Task], float]
+    weight: float = 1.0
+
+
+@dataclass
+class Score:
+    rewards: dict[str, float]  # NaN where the function raised
+    total: float  # NaN when a weighted function raised: never a silent 0
+    errors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Rubric:
+    funcs: Sequence[RewardFunc]
+
+    def score(self, completion: str, task: Task) -> Score:
+        rewards, errors = {}, {}
+        for func in self.funcs:
+            try:
+                rewards[func.name] = float(func.fn(completion, task))
+            except Exception as exc:  # reported, counted, never silently 0
+                rewards[func.name] = math.nan
+                errors[func.name] = f"{type(exc).__name__}: {exc}"
+        total = sum(func.weight * rewards[func.name] for func in self.funcs if func.weight != 0)
+        return Score(rewards, total, errors)
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """Range of the weighted total, given each function's output in [0, 1]."""
+        low = sum(min(0.0, f.weight) for f in self.funcs)
+        high = sum(max(0.0, f.weight) for f in self.funcs)
+        return low, high
+
+
+class Environment(Protocol):
+    name: str
+    rubric: Rubric
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` tasks of a split ('train' or 'eval'); the splits never share a task."""
+
+    def reference_completion(self, task: Task) -> str:
+        """The oracle's completion for a task (teacher traces, env tests)."""
+
+    def is_correct(self, completion: str, task: Task) -> bool:
+        """Whether the completion's final answer is right."""
+
+    def is_formatted(self, completion: str, task: Task) -> bool:
+        """Whether the completion follows the env's answer format."""

@@ -1,0 +1,60 @@
+"""Doom-loop detection: a generation that repeats itself and never reaches its end.
+
+Definition used throughout posttrain (DOMAIN.md leaves the exact detector open):
+a completion is a doom loop when it was cut off by the token budget (finish reason
+`length`) AND its tail is periodic — some unit of 1..`max_period` characters repeated at
+least `min_repeats` times back to back — or at least `max_repeated_fraction` of its word
+4-grams are repeats. A completion that reaches its end (stop/EOS) is never a doom loop,
+however repetitive; the rubric handles that case (e.g. several final answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DoomLoopDetector:
+    min_repeats: int = 3
+    max_period: int = 128
+    tail_chars: int = 1024
+    min_loop_chars: int = 12
+    ngram: int = 4
+    max_repeated_fraction: float = 0.5
+
+    def tail_repeats(self, text: str) -> float:
+        """Most back-to-back copies of one unit at the end of `text` (1.0 = no repetition)."""
+        tail = text[-self.tail_chars:]
+        best = 1.0
+        for period in range(1, min(self.max_period, len(tail) // 2) + 1):
+            run = _periodic_suffix(tail, period)
+            if run + period >= self.min_loop_chars:
+                best = max(best, (run + period) / period)
+        return best
+
+    def is_loop(self, text: str, truncated: bool) -> bool:
+        if not truncated:
+            return False
+        if self.tail_repeats(text) >= self.min_repeats:
+            return True
+        return repeated_ngram_fraction(text.split(), self.ngram) >= self.max_repeated_fraction
+
+
+def _periodic_suffix(text: str, period: int) -> int:
+    """Largest r with text[-r:] == text[-r - period:-period] (monotone in r: binary search)."""
+    low, high = 0, len(text) - period
+    while low < high:
+        mid = (low + high + 1) // 2
+        if text[len(text) - mid:] == text[len(text) - mid - period:len(text) - period]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def repeated_ngram_fraction(words: list[str], n: int) -> float:
+    """Share of word n-grams that already occurred earlier in the sequence."""
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)

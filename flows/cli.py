@@ -1,0 +1,164 @@
+"""`posttrain` command line: run | validate | status | lineage | verify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_STORE = "file://.posttrain/store"
+_QUIET_DEFAULTS = {
+    "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GX_ANALYTICS_ENABLED": "False",
+    "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+}
+
+
+class UserError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _store(uri: str, storage_options: dict | None = None):
+    from artifacts.store import Store, StoreError
+
+    try:
+        store = Store(uri, storage_options)
+        store.check_reachable()
+    except StoreError as exc:
+        raise UserError(f"store: {exc}") from None
+    return store
+
+
+def _load(path: str):
+    from flows.spec import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_validate(args) -> int:
+    from flows.report import print_dag
+
+    spec, _ = _load(args.spec)
+    print_dag(spec)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from artifacts.refs import hash_value
+    from artifacts.store import AlreadyExists
+    from flows.report import print_run_report
+
+    spec, text = _load(args.spec)
+    store = _store(args.store or spec.store, spec.storage_options)
+    spec_hash = hash_value(text)[:16]
+    try:
+        store.create_only(store.path("specs", f"{spec_hash}.yaml"), text.encode())
+    except AlreadyExists:
+        pass
+
+    from flows.post_train import new_run_id, post_train
+
+    run_id = new_run_id(spec.name)
+    print(f"run {run_id}  (store {store.uri})", flush=True)
+    post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), run_id, spec_hash, store.uri,
+                                                  return_state=True)
+    summary = store.read_json(store.path("runs", f"{run_id}.json"))
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2, sort_keys=True))
+    print_run_report(summary)
+    return 0 if summary["state"] == "completed" else 1
+
+
+def cmd_status(args) -> int:
+    from flows.report import print_run_list, print_run_status
+
+    store = _store(args.store)
+    if args.run_id:
+        path = store.path("runs", f"{args.run_id}.json")
+        if not store.exists(path):
+            raise UserError(f"run_id: no run {args.run_id!r} in {store.uri}")
+        print_run_status(store.read_json(path))
+    else:
+        print_run_list(store)
+    return 0
+
+
+def _ref(text: str):
+    from artifacts.refs import BadRef, Ref
+
+    try:
+        return Ref.parse(text)
+    except BadRef as exc:
+        raise UserError(f"ref: {exc}") from None
+
+
+def cmd_lineage(args) -> int:
+    from artifacts.lineage import lineage_lines
+    from artifacts.store import StoreError
+
+    store = _store(args.store)
+    try:
+        print("\n".join(lineage_lines(store, _ref(args.ref))))
+    except StoreError as exc:
+        raise UserError(f"ref: {exc}") from None
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from artifacts.store import StoreError
+
+    store, ref = _store(args.store), _ref(args.ref)
+    try:
+        problems = store.verify(ref)
+    except StoreError as exc:
+        raise UserError(f"ref: {exc}") from None
+    if problems:
+        print(f"{ref}: TAMPERED")
+        for problem in problems:
+            print(f"  {problem}")
+        return 1
+    print(f"{ref}: ok ({len(store.manifest(ref)['files'])} files match their manifest)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posttrain", description="Declarative LLM post-training on Prefect.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a pipeline spec as a Prefect flow")
+    run.add_argument("spec")
+    run.add_argument("--store", help="store URI (overrides the spec's `store`)")
+    run.add_argument("--summary-json", help="also write the run summary to this file")
+    run.set_defaults(func=cmd_run)
+    validate = commands.add_parser("validate", help="check a spec and print its stage DAG")
+    validate.add_argument("spec")
+    validate.set_defaults(func=cmd_validate)
+    status = commands.add_parser("status", help="recent runs, or one run's stages")
+    status.add_argument("run_id", nargs="?")
+    status.add_argument("--store", default=DEFAULT_STORE)
+    status.set_defaults(func=cmd_status)
+    for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
+                             ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("ref", help="name@version")
+        sub.add_argument("--store", default=DEFAULT_STORE)
+        sub.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    for key, value in _QUIET_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""What the CLI prints: the stage DAG, run reports, run lists."""
+
+from __future__ import annotations
+
+from flows.spec import PipelineSpec, topological_order
+
+
+def print_dag(spec: PipelineSpec) -> None:
+    print(f"pipeline {spec.name}")
+    print(f"  store  {spec.store}")
+    print(f"  model  {spec.model.base}" + (f" + LoRA r={spec.model.lora.r}" if spec.model.lora else ""))
+    print(f"  envs   {', '.join(f'{k} ({v.kind})' for k, v in spec.envs.items())}")
+    print("stages (run order):")
+    for stage in topological_order(spec):
+        deps = [target for _, target, _ in stage.stage_refs()]
+        r = spec.resolved(stage)
+        print(f"  {stage.id:<14} {stage.kind:<11} <- {', '.join(deps) or '-':<16} retries={r.retries} "
+              f"retry_delay={r.retry_delay_seconds:g}s timeout={r.timeout_seconds:g}s gpus={r.gpus}")
+        params = ", ".join(f"{k}={v}" for k, v in stage.params().items() if k != "kind")
+        print(f"  {'':<14} {params}")
+
+
+def eval_rows(summary: dict) -> list[tuple[str, str, dict]]:
+    rows = []
+    for stage in summary["stages"]:
+        if stage["kind"] == "evaluate":
+            for checkpoint, per_env in stage["metrics"].items():
+                rows += [(checkpoint, env, metrics) for env, metrics in per_env.items()]
+    return rows
+
+
+def print_stage_table(summary: dict) -> None:
+    print(f"{'stage':<14} {'kind':<11} {'state':<10} {'seconds':>8}  outputs")
+    for stage in summary["stages"]:
+        outputs = ", ".join(stage["outputs"].values())
+        print(f"{stage['id']:<14} {stage['kind']:<11} {stage['state']:<10} {stage['seconds']:>8.1f}  {outputs}")
+        if stage.get("error"):
+            print(f"{'':<14} error: {stage['error']}")
+    for stage_id in summary.get("not_run", []):
+        print(f"{stage_id:<14} {'':<11} {'not run':<10}  (an input stage failed)")
+
+
+def print_run_report(summary: dict) -> None:
+    print()
+    print(f"run {summary['run_id']}: {summary['state']} in {summary.get('seconds', 0):.1f}s")
+    print_stage_table(summary)
+    rows = eval_rows(summary)
+    if rows:
+        print()
+        print(f"{'checkpoint':<14} {'env':<10} {'accuracy':>9} {'sampled':>8} {'format':>7} {'doom-loop':>10} "
+              f"{'tokens':>7}")
+        for checkpoint, env, m in rows:
+            sampled = f"{m['sampled_accuracy']:.1%}" if "sampled_accuracy" in m else "-"
+            print(f"{checkpoint:<14} {env:<10} {m['accuracy']:>9.1%} {sampled:>8} {m['format_rate']:>7.1%} "
+                  f"{m['doom_loop_rate']:>10.1%} {m['mean_completion_tokens']:>7.1f}")
+    print()
+    print(f"artifacts: {summary['store']}/artifacts/  summary: {summary['store']}/runs/{summary['run_id']}.json")
+
+
+def print_run_status(summary: dict) -> None:
+    print(f"run {summary['run_id']} ({summary['pipeline']}): {summary['state']}, started {summary['started']}")
+    print_stage_table(summary)
+
+
+def print_run_list(store) -> None:
+    summaries = [store.read_json(store.path("runs", name)) for name in store.listdir(store.path("runs"))
+                 if name.endswith(".json")]
+    if not summaries:
+        print(f"no runs in {store.uri}")
+        return
+    print(f"{'run id':<40} {'state':<10} {'started':<26} stages")
+    for summary in sorted(summaries, key=lambda s: s["started"], reverse=True)[:20]:
+        states = " ".join(f"{s['id']}={s['state']}" for s in summary["stages"])
+        print(f"{summary['run_id']:<40} {summary['state']:<10} {summary['started']:<26} {states}")

@@ -1,0 +1,195 @@
+"""Pipeline spec: typed models mirrored one-to-one by the YAML file, plus loading and checks.
+
+Every mistake a user can make in a spec becomes a SpecError whose one-line message names
+the field path (`stages[3].policy: unknown stage 'sftt'`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from artifacts.store import credential_keys
+from envs.loader import EnvConfig
+from models.config import ModelConfig
+from tasks.config import STAGE_OUTPUT, Defaults, StageConfig
+
+
+class SpecError(Exception):
+    """A user mistake in a spec; str() is the one-line message."""
+
+
+
+class PipelineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    store: str = "file://.posttrain/store"
+    storage_options: dict[str, str | int | float | bool | dict] = {}
+    model: ModelConfig = ModelConfig()
+    envs: dict[str, EnvConfig]
+    defaults: Defaults = Defaults()
+    stages: list[StageConfig] = Field(min_length=1)
+
+    def stage(self, stage_id: str):
+        return next(s for s in self.stages if s.id == stage_id)
+
+    def resolved(self, stage) -> Defaults:
+        """The stage's retries/timeouts/gpus: its own where set, the spec defaults otherwise."""
+        own = {k: getattr(stage, k) for k in Defaults.model_fields if getattr(stage, k) is not None}
+        return self.defaults.model_copy(update=own)
+
+
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value, path: str):
+    """Replace ${VAR} / ${VAR:-default} in strings from the process environment."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise SpecError(f"{path}: environment variable {name} is not set")
+
+    return _ENV_VAR.sub(substitute, value)
+
+
+def _loc_to_path(loc: tuple, raw: dict) -> str:
+    """Pydantic error location -> `stages[3].policy`, dropping union tags."""
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        # discriminated unions insert the tag (e.g. 'sft') after the list index / dict key
+        if i >= 2 and loc[i - 2] in ("stages", "envs") and _is_tag(raw, loc[: i], item):
+            continue
+        parts.append(f".{item}" if parts else str(item))
+    return "".join(parts)
+
+
+def _is_tag(raw: dict, container_loc: tuple, item) -> bool:
+    node = raw
+    for key in container_loc:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return isinstance(node, dict) and node.get("kind") == item
+
+
+def _format_validation_error(error: ValidationError, raw: dict) -> str:
+    first = error.errors()[0]
+    path = _loc_to_path(tuple(first["loc"]), raw) or "spec"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key"
+    if kind == "union_tag_invalid":
+        expected = first.get("ctx", {}).get("expected_tags", "")
+        return f"{path}.kind: unknown kind {first['input'].get('kind')!r} (expected one of {expected})"
+    if kind == "union_tag_not_found":
+        return f"{path}.kind: missing"
+    if kind == "missing":
+        return f"{path}: missing"
+    return f"{path}: {first['msg']} (got {first['input']!r})" if "input" in first else f"{path}: {first['msg']}"
+
+
+def parse_spec(raw) -> PipelineSpec:
+    """Validate an already-parsed YAML document; raises SpecError."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"spec: expected a mapping at the top level, got {type(raw).__name__}")
+    raw = _interpolate(raw, "")
+    try:
+        spec = PipelineSpec.model_validate(raw)
+    except ValidationError as error:
+        raise SpecError(_format_validation_error(error, raw)) from None
+    _check_graph(spec)
+    if credential_keys(spec.storage_options):
+        raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
+                        "from the environment or the AWS credential chain, not the spec")
+    return spec
+
+
+def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
+    """Read and validate a spec file; returns the spec and its text."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read spec file ({exc.strerror or type(exc).__name__})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"{path}:{where}: bad YAML: {problem}") from None
+    return parse_spec(raw), text
+
+
+def _check_graph(spec: PipelineSpec) -> None:
+    """Ids unique, references resolve to the right artifact kind, no cycles."""
+    index = {}
+    for i, stage in enumerate(spec.stages):
+        if stage.id in index:
+            raise SpecError(f"stages[{i}].id: duplicate stage id {stage.id!r}")
+        index[stage.id] = i
+    for i, stage in enumerate(spec.stages):
+        for field, env_id in stage.env_refs():
+            if env_id not in spec.envs:
+                raise SpecError(f"stages[{i}].{field}: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
+        for field, target, wanted in stage.stage_refs():
+            if target not in index:
+                raise SpecError(f"stages[{i}].{field}: unknown stage {target!r}")
+            produced = STAGE_OUTPUT[spec.stages[index[target]].kind]
+            if produced != wanted:
+                raise SpecError(f"stages[{i}].{field}: stage {target!r} produces a {produced}, "
+                                f"a {wanted} is expected here")
+    _check_acyclic(spec, index)
+
+
+def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:
+    state: dict[str, str] = {}
+
+    def visit(stage_id: str, trail: list[str]) -> None:
+        if state.get(stage_id) == "done":
+            return
+        if state.get(stage_id) == "active":
+            cycle = trail[trail.index(stage_id):] + [stage_id]
+            raise SpecError(f"stages[{index[cycle[0]]}]: cycle {' -> '.join(cycle)}")
+        state[stage_id] = "active"
+        for _, target, _ in spec.stages[index[stage_id]].stage_refs():
+            visit(target, trail + [stage_id])
+        state[stage_id] = "done"
+
+    for stage in spec.stages:
+        visit(stage.id, [])
+
+
+def topological_order(spec: PipelineSpec) -> list:
+    """Stages in an order where every stage comes after the stages it reads."""
+    done: list[str] = []
+
+    def visit(stage_id: str) -> None:
+        if stage_id in done:
+            return
+        for _, target, _ in spec.stage(stage_id).stage_refs():
+            visit(target)
+        done.append(stage_id)
+
+    for stage in spec.stages:
+        visit(stage.id)
+    return [spec.stage(stage_id) for stage_id in done]

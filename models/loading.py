@@ -1,0 +1,77 @@
+"""One loading path for presets, local folders and hub ids (offline where no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from artifacts.refs import hash_value
+from models.config import ModelConfig
+from models.presets import PRESETS, materialize, preset_digest
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def resolve_base(base: str) -> str:
+    """A preset name becomes its local folder; a path or hub id is passed to from_pretrained."""
+    if base in PRESETS:
+        return str(materialize(base))
+    return base
+
+
+def base_identity(base: str) -> str:
+    """Stable identity of a base model for cache keys and manifests."""
+    if base in PRESETS:
+        return f"preset:{base}@{preset_digest(base)}"
+    path = Path(base)
+    if path.is_dir():
+        stats = sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.is_file())
+        return f"path:{path.resolve()}@{hash_value(stats)[:12]}"
+    return f"hub:{base}"
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = False):
+    """Load a base model or a checkpoint folder (full weights or a PEFT adapter)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path) if Path(str(path)).exists() else path
+    dtype = torch_dtype(model_cfg.dtype)
+    if isinstance(path, Path) and (path / ADAPTER_CONFIG).exists():
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(resolve_base(model_cfg.base), dtype=dtype)
+        return PeftModel.from_pretrained(base, str(path), is_trainable=trainable)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    if trainable and model_cfg.lora is not None:
+        model = add_lora(model, model_cfg)
+    return model
+
+
+def add_lora(model, model_cfg: ModelConfig):
+    from peft import LoraConfig, get_peft_model
+
+    lora = model_cfg.lora
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def set_threads(model_cfg: ModelConfig) -> None:
+    import torch
+
+    if model_cfg.threads:
+        torch.set_num_threads(model_cfg.threads)

@@ -1,0 +1,89 @@
+"""Child-process entry point of a stage: `python -m tasks.child REQUEST.json RESULT.json`.
+
+Heavy stages run here so that a timeout can really stop them (the parent kills this
+process) and a crash in native code cannot take the orchestrator down. The child commits
+its outputs itself; the manifest is the last write, so a kill at any point leaves no
+readable half-version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+STAGE_MODULES = {"synthesize": "tasks.synthesize", "sft": "tasks.sft", "evaluate": "tasks.evaluate"}
+
+
+class StageError(Exception):
+    """A failure with a message meant for the user (no traceback needed)."""
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Die when the orchestrator dies (SIGKILL included): no orphaned training."""
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                os._exit(137)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def execute(request: dict) -> dict:
+    from artifacts.store import Store
+    from envs.loader import ENV_CONFIG
+    from models.config import ModelConfig
+    from tasks import checkpointing
+    from tasks.config import STAGE_CONFIG
+    from tasks.stage import StageContext
+
+    stage = STAGE_CONFIG.validate_python(request["stage"])
+    store = Store(request["store"], request["storage_options"])
+    workdir = Path(tempfile.mkdtemp(prefix=f"posttrain-{stage.id}-"))
+    ctx = StageContext(store=store, pipeline=request["pipeline"], run_id=request["run_id"], stage_id=stage.id,
+                       cache_key=request["cache_key"], model=ModelConfig.model_validate(request["model"]),
+                       envs={k: ENV_CONFIG.validate_python(v) for k, v in request["envs"].items()},
+                       inputs=request["inputs"], workdir=workdir)
+    began = time.monotonic()
+    try:
+        outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)
+        compute = time.monotonic() - began
+        refs, metrics = {}, {}
+        for key, output in outputs.items():
+            ref = store.commit(f"{ctx.pipeline}/{stage.id}", output.kind, output.local_dir,
+                               producer=request["producer"], inputs=ctx.inputs, metrics=output.metrics)
+            refs[key] = str(ref)
+            metrics.update(output.metrics)
+        checkpointing.clear(ctx)
+        return {"outputs": refs, "metrics": metrics, "compute_seconds": round(compute, 3)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = Path(argv[0]), Path(argv[1])
+    _exit_with_parent(os.getppid())
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        result = execute(json.loads(request_path.read_text()))
+        code = 0
+    except StageError as exc:
+        result, code = {"error": str(exc)}, 1
+    except Exception as exc:
+        traceback.print_exc()
+        result, code = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, 1
+    result_path.write_text(json.dumps(result, default=str))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

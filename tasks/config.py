@@ -1,0 +1,120 @@
+"""Typed configs of every stage kind; the YAML `stages:` entries mirror these one-to-one.
+
+Kept free of heavy imports so that `posttrain validate` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    retries: int = Field(2, ge=0)
+    retry_delay_seconds: float = Field(5, ge=0)
+    timeout_seconds: float = Field(3600, gt=0)
+    gpus: int = Field(0, ge=0)
+
+
+class StageBase(BaseModel):
+    """Fields every stage has; the orchestration ones fall back to the spec's `defaults`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = StageId
+    retries: int | None = Field(None, ge=0)
+    retry_delay_seconds: float | None = Field(None, ge=0)
+    timeout_seconds: float | None = Field(None, gt=0)
+    gpus: int | None = Field(None, ge=0)
+
+    def env_refs(self) -> list[tuple[str, str]]:
+        """(field path, env id) pairs this stage names."""
+        return []
+
+    def stage_refs(self) -> list[tuple[str, str, str]]:
+        """(field path, stage id, artifact kind expected) for every input stage."""
+        return []
+
+    def reads_base_model(self) -> bool:
+        """Whether the stage starts from the spec's base model (not from an input checkpoint)."""
+        return False
+
+    def params(self) -> dict:
+        """What decides the stage's output (its cache key), without orchestration settings."""
+        return self.model_dump(exclude={"id", "retries", "retry_delay_seconds", "timeout_seconds", "gpus"})
+
+
+class SynthesizeStage(StageBase):
+    """Teacher traces for SFT from an environment's train split."""
+
+    kind: Literal["synthesize"]
+    env: str
+    n: int = Field(gt=0)
+    teacher: Literal["oracle"] = "oracle"
+    seed: int = 0
+
+    def env_refs(self):
+        return [("env", self.env)]
+
+
+class SftStage(StageBase):
+    """Supervised fine-tuning with a completion-only loss."""
+
+    kind: Literal["sft"]
+    data: str
+    policy: str | None = None  # a checkpoint stage; the spec's base model when absent
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(32, gt=0)
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_seq_len: int = Field(128, gt=8)
+    checkpoint_every: int = Field(100, gt=0)
+    seed: int = 0
+
+    def reads_base_model(self) -> bool:
+        return self.policy is None
+
+    def stage_refs(self):
+        refs = [("data", self.data, "dataset")]
+        if self.policy is not None:
+            refs.append(("policy", self.policy, "checkpoint"))
+        return refs
+
+
+class SampledEval(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class EvaluateStage(StageBase):
+    """Held-out accuracy, format rate, doom-loop rate and length per checkpoint and env."""
+
+    kind: Literal["evaluate"]
+    checkpoints: list[str] = Field(min_length=1)
+    envs: list[str] = Field(min_length=1)
+    n: int = Field(200, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    sampled: SampledEval | None = SampledEval()
+    seed: int = 0
+
+    def env_refs(self):
+        return [(f"envs[{i}]", env) for i, env in enumerate(self.envs)]
+
+    def stage_refs(self):
+        return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
+
+
+STAGE_OUTPUT = {"synthesize": "dataset", "sft": "checkpoint", "evaluate": "evaluation"}
+
+StageConfig = Annotated[Union[SynthesizeStage, SftStage, EvaluateStage], Field(discriminator="kind")]
+STAGE_CONFIG = TypeAdapter(StageConfig)

@@ -1,0 +1,87 @@
+"""`evaluate`: held-out metrics per checkpoint and env.
+
+Per checkpoint and env: greedy accuracy, format rate, doom-loop rate (greedy), mean
+completion tokens, truncation rate, reward-function errors, and sampled accuracy. The
+per-completion rows are the stage's evaluation-results dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from envs.doom import DoomLoopDetector
+from envs.loader import make_env
+from models.loading import load_model, load_tokenizer, set_threads
+from models.sampling import generate
+from tasks.config import EvaluateStage
+from tasks.datasets import write_rows
+from tasks.stage import StageContext, StageOutput
+
+
+def score_rows(env, tasks, generations, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:
+    rows = []
+    for task, gen in zip(tasks, generations):
+        score = env.rubric.score(gen.text, task)
+        rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
+                     "prompt": task.prompt, "answer": task.answer, "completion": gen.text,
+                     "reward": score.total, "correct": env.is_correct(gen.text, task),
+                     "formatted": env.is_formatted(gen.text, task),
+                     "doom_loop": detector.is_loop(gen.text, gen.finish_reason == "length"),
+                     "finish_reason": gen.finish_reason, "completion_tokens": len(gen.token_ids),
+                     "reward_errors": len(score.errors)})
+    return rows
+
+
+def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
+    n = len(greedy)
+    metrics = {
+        "accuracy": sum(r["correct"] for r in greedy) / n,
+        "format_rate": sum(r["formatted"] for r in greedy) / n,
+        "doom_loop_rate": sum(r["doom_loop"] for r in greedy) / n,
+        "mean_completion_tokens": sum(r["completion_tokens"] for r in greedy) / n,
+        "truncated_rate": sum(r["finish_reason"] == "length" for r in greedy) / n,
+        "mean_reward": _mean_finite(r["reward"] for r in greedy),
+        "reward_errors": sum(r["reward_errors"] for r in greedy + sampled),
+        "n": n,
+    }
+    if sampled:
+        metrics["sampled_accuracy"] = sum(r["correct"] for r in sampled) / len(sampled)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+
+
+def _mean_finite(values) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
+    set_threads(ctx.model)
+    detector = DoomLoopDetector()
+    rows, metrics = [], {}
+    for checkpoint in stage.checkpoints:
+        folder = ctx.fetch(checkpoint)
+        model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
+        metrics[checkpoint] = {}
+        for env_id in stage.envs:
+            env = make_env(env_id, ctx.envs[env_id])
+            tasks = env.tasks("eval", stage.n, stage.seed)
+            prompts = [t.prompt for t in tasks]
+            began = time.monotonic()
+            greedy = score_rows(env, tasks, generate(model, tokenizer, prompts, max_new_tokens=stage.max_new_tokens,
+                                                     batch_size=stage.batch_size),
+                                checkpoint=checkpoint, mode="greedy", detector=detector)
+            sampled = []
+            if stage.sampled is not None:
+                sampled = score_rows(env, tasks, generate(
+                    model, tokenizer, prompts, max_new_tokens=stage.max_new_tokens,
+                    temperature=stage.sampled.temperature, top_p=stage.sampled.top_p,
+                    batch_size=stage.batch_size, seed=stage.seed), checkpoint=checkpoint, mode="sampled",
+                    detector=detector)
+            metrics[checkpoint][env_id] = summarize(greedy, sampled)
+            rows += greedy + sampled
+            ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
+                    f"({time.monotonic() - began:.1f}s)")
+    out_dir = ctx.workdir / "results"
+    write_rows(rows, out_dir)
+    return {"results": StageOutput("dataset", out_dir, metrics)}

@@ -1,0 +1,102 @@
+"""Run one stage: look it up in the store's stage cache, else run it in a child process.
+
+`run_stage` is the Prefect task every stage runs as (the flow gives it the stage's name,
+retries, retry delay, timeout and tags); the per-kind logic lives in the stage modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
+from artifacts.refs import hash_value
+from artifacts.store import Store
+
+_PACKAGES = ("artifacts", "data_contracts", "envs", "models", "tasks")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class StageFailed(Exception):
+    pass
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of the source of everything a stage runs; a code change invalidates the cache."""
+    sources = {}
+    for package in _PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            sources[path.relative_to(ROOT).as_posix()] = hash_value(path.read_text())
+    return hash_value(sources)[:16]
+
+
+def stage_cache_key(kind: str, params: dict, inputs: dict[str, str], context: dict) -> str:
+    """key = hash(stage kind, canonical params, input refs, code version, model/env configs)."""
+    return hash_value({"kind": kind, "params": params, "inputs": inputs, "code": code_version(),
+                       "context": context})[:32]
+
+
+def cache_path(store: Store, key: str) -> str:
+    return store.path("cache", f"{key}.json")
+
+
+def cached_result(store: Store, key: str) -> dict | None:
+    """The committed outputs of an earlier run of this exact stage, if all are still there."""
+    path = cache_path(store, key)
+    if not store.exists(path):
+        return None
+    entry = store.read_json(path)
+    if not all(store.is_committed(ref) for ref in entry["outputs"].values()):
+        return None
+    return entry
+
+
+def run_in_child(request: dict, timeout: float) -> dict:
+    """Run the stage in `python -m tasks.child`; kill it at the timeout."""
+    with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
+        process = subprocess.Popen([sys.executable, "-m", "tasks.child", str(request_path), str(result_path)],
+                                   cwd=str(ROOT), env=_child_env())
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StageFailed(f"stage {request['stage']['id']!r} timed out after {timeout:g}s") from None
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+        if not result_path.exists():
+            raise StageFailed(f"stage {request['stage']['id']!r} died (exit code {process.returncode})")
+        result = json.loads(result_path.read_text())
+    if "error" in result:
+        raise StageFailed(result["error"])
+    return result
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def run_stage(request: dict, timeout_seconds: float):
+    store = Store(request["store"], request["storage_options"])
+    hit = cached_result(store, request["cache_key"])
+    if hit is not None:
+        return Completed(name="Cached", data=hit, message=f"outputs already committed: {hit['outputs']}")
+    result = run_in_child(request, timeout_seconds)
+    store.write_json(cache_path(store, request["cache_key"]),
+                     {"stage": request["stage"]["id"], "run_id": request["run_id"], **result})
+    return result

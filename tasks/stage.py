@@ -1,0 +1,50 @@
+"""What a stage function receives besides its own config: the run context and its inputs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from artifacts.refs import Ref
+from artifacts.store import Store
+from models.config import ModelConfig
+
+
+@dataclass
+class StageOutput:
+    """One artifact a stage produced in a local folder, to be committed by the runner."""
+
+    kind: str  # dataset | checkpoint | report
+    local_dir: Path
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    store: Store
+    pipeline: str
+    run_id: str
+    stage_id: str
+    cache_key: str
+    model: ModelConfig
+    envs: dict  # env id -> env config (only the envs the stage names)
+    inputs: dict[str, str]  # input stage id -> ref
+    workdir: Path  # local scratch folder, removed after the stage
+    started: float = field(default_factory=time.monotonic)
+
+    def log(self, message: str) -> None:
+        print(f"[{self.stage_id}] {message}", file=sys.stdout, flush=True)
+
+    def input_ref(self, stage_id: str) -> Ref:
+        return Ref.parse(self.inputs[stage_id])
+
+    def fetch(self, stage_id: str) -> Path:
+        """Local folder with the files of an input artifact."""
+        return self.store.fetch(self.input_ref(stage_id), None if self.store.local else self.workdir / "in" / stage_id)
+
+    @property
+    def scratch(self) -> str:
+        """Store folder for this stage's in-stage checkpoints (keyed by its cache key)."""
+        return self.store.path("scratch", self.cache_key)

@@ -1,0 +1,39 @@
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+for key, value in {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "GX_ANALYTICS_ENABLED": "False", "TOKENIZERS_PARALLELISM": "false",
+                   "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
+    os.environ[key] = value
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".posttrain" / "test-prefect-home"))
+os.environ.pop("PREFECT_API_URL", None)
+POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 API (moto's server) on 127.0.0.1, with a bucket; credentials only via env."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing-secret",
+                      AWS_DEFAULT_REGION="us-east-1")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="posttrain-test")
+    yield endpoint
+    server.stop()

@@ -1,0 +1,71 @@
+import math
+
+from envs.arith import ArithEnv, ArithEnvConfig
+from envs.base import RewardFunc, Rubric, Task
+from envs.doom import DoomLoopDetector, repeated_ngram_fraction
+
+ENV = ArithEnv(ArithEnvConfig(kind="arith", digits=2))
+TASK = Task("t", "I have a great question: what is 27+15?", "42", {"a": 27, "b": 15, "op": "+"})
+
+
+def test_prompt_and_reference_follow_the_source_notes():
+    task = ENV.tasks("train", 1, 0)[0]
+    assert task.prompt.startswith("I have a great question: what is ") and task.prompt.endswith("?")
+    assert ENV.reference_completion(TASK) == ("Fantastic question! Let me unpack this for you. "
+                                              "We have 27 + 15 = 42. The final answer is 42.")
+
+
+def test_splits_are_disjoint_and_deterministic():
+    train = {t.prompt for t in ENV.tasks("train", 3000, 0)}
+    held_out = {t.prompt for t in ENV.tasks("eval", 300, 0)}
+    assert not train & held_out
+    assert [t.prompt for t in ENV.tasks("eval", 5, 1)] == [t.prompt for t in ENV.tasks("eval", 5, 1)]
+    assert len({t.id for t in ENV.tasks("train", 100, 0)}) == 100
+
+
+def test_rubric_rewards_correct_and_formatted():
+    score = ENV.rubric.score(ENV.reference_completion(TASK), TASK)
+    assert score.rewards["correct"] == 1.0 and score.rewards["format"] == 1.0
+    assert score.total == 1.0 + 0.2  # words has weight 0: logged only
+    assert score.rewards["words"] == 20.0
+
+
+def test_wrong_answer_and_answer_spam_do_not_pay():
+    wrong = "Fantastic question! Let me unpack this for you. We have 27 + 15 = 41. The final answer is 41."
+    spam = "The final answer is 41. The final answer is 42. The final answer is 43."
+    assert ENV.rubric.score(wrong, TASK).rewards["correct"] == 0.0
+    assert ENV.rubric.score(wrong, TASK).rewards["format"] == 1.0
+    assert ENV.rubric.score(spam, TASK).rewards["correct"] == 0.0
+    assert ENV.rubric.score(spam, TASK).rewards["format"] == 0.0
+
+
+def test_reward_function_that_raises_is_reported_not_zero():
+    def broken(completion, task):
+        raise KeyError("missing field")
+
+    rubric = Rubric([RewardFunc("ok", lambda c, t: 1.0), RewardFunc("broken", broken, 0.5)])
+    score = rubric.score("x", TASK)
+    assert math.isnan(score.rewards["broken"]) and math.isnan(score.total)
+    assert score.errors == {"broken": "KeyError: 'missing field'"}
+    assert rubric.reward_range == (0.0, 1.5)
+
+
+def test_doom_loop_detector_on_crafted_examples():
+    detector = DoomLoopDetector()
+    clean = ENV.reference_completion(TASK)
+    looping = "Fantastic question! Let me unpack this for you. We have 27 + 15 = 4" + "2 = 4" * 20
+    thought_loop = "Let me think. " + "Wait, let me reconsider the tens digit. " * 6
+    digits_loop = "We have 27 + 15 = " + "4" * 50
+    assert not detector.is_loop(clean, truncated=False)
+    assert detector.is_loop(looping, truncated=True)
+    assert detector.is_loop(thought_loop, truncated=True)
+    assert detector.is_loop(digits_loop, truncated=True)
+    # a repetitive text that reached its end is not a doom loop; a long non-repeating one is not either
+    assert not detector.is_loop(thought_loop, truncated=False)
+    assert not detector.is_loop(" ".join(f"word{i}" for i in range(80)), truncated=True)
+    assert detector.tail_repeats(thought_loop) >= 6
+
+
+def test_repeated_ngram_fraction():
+    assert repeated_ngram_fraction("a b c d e f".split(), 4) == 0.0
+    assert repeated_ngram_fraction(("a b " * 10).split(), 4) > 0.8

@@ -1,0 +1,125 @@
+"""Every class of bad spec: one line naming the field, exit code 2, nothing written."""
+
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import POSTTRAIN
+from flows.cli import main
+
+GOOD = {
+    "name": "t",
+    "store": "file://STORE",
+    "envs": {"arith": {"kind": "arith", "digits": 2}},
+    "stages": [
+        {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 10},
+        {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 2},
+        {"id": "eval", "kind": "evaluate", "checkpoints": ["sft"], "envs": ["arith"], "n": 4},
+    ],
+}
+
+
+def write_spec(tmp_path, spec) -> str:
+    store = tmp_path / "store"
+    text = yaml.safe_dump(spec).replace("STORE", str(store)) if isinstance(spec, dict) else spec
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def with_stage(index, **changes):
+    spec = yaml.safe_load(yaml.safe_dump(GOOD))
+    spec["stages"][index].update(changes)
+    return spec
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+CASES = {
+    "unknown key": (with_stage(1, epochz=3), "stages[1].epochz: unknown key"),
+    "wrong type": (with_stage(1, max_steps="many"), "stages[1].max_steps: Input should be a valid integer"),
+    "unknown stage": (with_stage(1, data="warmpu"), "stages[1].data: unknown stage 'warmpu'"),
+    "unknown env": (with_stage(0, env="arithm"), "stages[0].env: unknown env 'arithm' (known: arith)"),
+    "checkpoint where a dataset is expected": (
+        with_stage(1, data="eval"), "stages[1].data: stage 'eval' produces a evaluation, a dataset is expected here"),
+    "dataset where a checkpoint is expected": (
+        with_stage(2, checkpoints=["warmup"]),
+        "stages[2].checkpoints[0]: stage 'warmup' produces a dataset, a checkpoint is expected here"),
+    "unknown stage kind": (with_stage(0, kind="distill"), "stages[0].kind: unknown kind 'distill'"),
+    "duplicate id": (with_stage(1, id="warmup"), "stages[1].id: duplicate stage id 'warmup'"),
+    "bad number": (with_stage(0, n=0), "stages[0].n: Input should be greater than 0"),
+    "unknown env kind": ({**GOOD, "envs": {"arith": {"kind": "chess"}}}, "envs.arith.kind: unknown kind 'chess'"),
+    "bad env field": ({**GOOD, "envs": {"arith": {"kind": "arith", "digits": 9}}},
+                      "envs.arith.digits: Input should be less than or equal to 3"),
+    "missing field": ({k: v for k, v in GOOD.items() if k != "envs"}, "envs: missing"),
+    "credentials in spec": ({**GOOD, "storage_options": {"secret": "x"}},
+                            "storage_options.secret: credentials must come from the environment"),
+    "unset env var": ({**GOOD, "storage_options": {"endpoint_url": "${POSTTRAIN_NO_SUCH_VAR}"}},
+                      "storage_options.endpoint_url: environment variable POSTTRAIN_NO_SUCH_VAR is not set"),
+    "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
+    "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_spec_is_one_line_exit_2_nothing_written(case, tmp_path, capsys):
+    spec, message = CASES[case]
+    path = write_spec(tmp_path, spec)
+    for command in ("validate", "run"):
+        code, err = run_cli(capsys, command, path)
+        assert code == 2
+        assert message in err, err
+        assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert not (tmp_path / "store").exists()
+
+
+def test_cycle_is_reported_with_its_path(tmp_path, capsys):
+    spec = with_stage(1, policy="sft2")
+    spec["stages"].append({"id": "sft2", "kind": "sft", "data": "warmup", "policy": "sft"})
+    code, err = run_cli(capsys, "validate", write_spec(tmp_path, spec))
+    assert code == 2 and "cycle sft -> sft2 -> sft" in err
+
+
+def test_unreadable_file(tmp_path, capsys):
+    code, err = run_cli(capsys, "validate", str(tmp_path / "missing.yaml"))
+    assert code == 2 and err == f"error: {tmp_path / 'missing.yaml'}: cannot read spec file (No such file or directory)"
+
+
+def test_unreachable_store_is_refused_before_anything_runs(tmp_path, capsys, s3_endpoint):
+    spec = {**GOOD, "store": "s3://no-such-bucket/p", "storage_options": {"endpoint_url": s3_endpoint}}
+    code, err = run_cli(capsys, "run", write_spec(tmp_path, spec))
+    assert code == 2 and err == "error: store: bucket 'no-such-bucket' does not exist"
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    path = write_spec(tmp_path, with_stage(1, data="warmpu"))
+    result = subprocess.run([POSTTRAIN, "validate", path], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: stages[1].data: unknown stage 'warmpu'"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_validate_prints_dag_with_resolved_defaults(tmp_path, capsys):
+    spec = yaml.safe_load(yaml.safe_dump(GOOD))
+    spec["defaults"] = {"retries": 4, "timeout_seconds": 99}
+    spec["stages"][1]["retries"] = 0
+    code = main(["validate", write_spec(tmp_path, spec)])
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "<-" in line}
+    assert "retries=4" in lines["warmup"] and "timeout=99s" in lines["warmup"]
+    assert "retries=0" in lines["sft"] and "<- warmup" in lines["sft"]
+    assert "<- sft" in lines["eval"]
+    assert not (tmp_path / "store").exists()
+
+
+def test_quickstart_spec_is_valid():
+    from flows.spec import load_spec
+
+    spec, _ = load_spec("pipelines/quickstart.yaml")
+    assert [s.kind for s in spec.stages] == ["synthesize", "sft", "evaluate"]
