@@ -114,11 +114,7 @@ class Store:
     def write_bytes(self, path: str, data: bytes) -> None:
         """Overwrite `path` (used only for mutable things: aliases, run summaries, scratch)."""
         if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, path)
+            os.replace(_local_temp_copy(path, data), path)
         else:
             self.fs.pipe_file(path, data)
 
@@ -128,10 +124,7 @@ class Store:
     def create_only(self, path: str, data: bytes) -> None:
         """Write `path` only if it does not exist yet; AlreadyExists otherwise."""
         if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as handle:
-                handle.write(data)
+            tmp = _local_temp_copy(path, data)
             try:
                 os.link(tmp, path)  # atomic and fails if the target exists
             except FileExistsError:
@@ -258,6 +251,15 @@ class Store:
 
     def _display(self, path: str) -> str:
         return f"{self.protocol}://{path}" if not self.local else path
+
+
+def _local_temp_copy(path: str, data: bytes) -> str:
+    """Write `data` next to `path` under a temporary name (to be renamed or linked into place)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    return tmp
 
 
 def _first_line(exc: BaseException) -> str:

@@ -64,9 +64,13 @@ def cmd_run(args) -> int:
 
     run_id = new_run_id(spec.name)
     print(f"run {run_id}  (store {store.uri})", flush=True)
-    post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), run_id, spec_hash, store.uri,
-                                                  return_state=True)
-    summary = store.read_json(store.path("runs", f"{run_id}.json"))
+    state = post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), run_id, spec_hash,
+                                                          store.uri, return_state=True)
+    summary_path = store.path("runs", f"{run_id}.json")
+    if not store.exists(summary_path):
+        print(f"run {run_id} ended {state.name} before its first stage: {state.message}", file=sys.stderr)
+        return 1
+    summary = store.read_json(summary_path)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2, sort_keys=True))
     print_run_report(summary)

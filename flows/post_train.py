@@ -7,12 +7,18 @@ import time
 from datetime import datetime, timezone
 
 from prefect import flow, get_run_logger
+from prefect.states import Failed
 
 from artifacts.refs import hash_value
 from artifacts.store import Store, now_iso
 from flows.spec import PipelineSpec, parse_spec, topological_order
 from models.loading import base_identity
 from tasks.runner import code_version, run_stage, stage_cache_key
+
+
+# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
+# is a backstop a little later (it also covers the cache lookup and the commit).
+TIMEOUT_GRACE_SECONDS = 60
 
 
 def new_run_id(pipeline: str) -> str:
@@ -42,7 +48,7 @@ def stage_tags(spec: PipelineSpec, stage) -> list[str]:
 
 
 @flow(name="post-train")
-def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str) -> dict:
+def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str):
     """Run every stage in dependency order; a failed stage stops everything downstream of it."""
     logger = get_run_logger()
     pipeline = parse_spec(spec)
@@ -62,7 +68,8 @@ def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str) -> dict:
         resolved = pipeline.resolved(stage)
         task = run_stage.with_options(name=f"{stage.kind}", task_run_name=stage.id, retries=resolved.retries,
                                       retry_delay_seconds=resolved.retry_delay_seconds,
-                                      timeout_seconds=resolved.timeout_seconds, tags=stage_tags(pipeline, stage))
+                                      timeout_seconds=resolved.timeout_seconds + TIMEOUT_GRACE_SECONDS,
+                                      tags=stage_tags(pipeline, stage))
         stage_began = time.monotonic()
         state = task(request, resolved.timeout_seconds, return_state=True)
         record = {"id": stage.id, "kind": stage.kind, "cache_key": request["cache_key"]}
@@ -83,7 +90,7 @@ def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str) -> dict:
                    seconds=round(time.monotonic() - began, 3))
     store.write_json(store.path("runs", f"{run_id}.json"), summary)
     if failed:
-        raise RuntimeError(f"stages failed: {', '.join(failed)}")
+        return Failed(message=f"stages failed: {', '.join(failed)}", data=summary)
     return summary
 
 

@@ -74,6 +74,7 @@ class SftStage(StageBase):
     learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(20, ge=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
     max_seq_len: int = Field(128, gt=8)
     checkpoint_every: int = Field(100, gt=0)
     seed: int = 0

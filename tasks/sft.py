@@ -63,10 +63,12 @@ def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> lis
     return order[position * batch_size:(position + 1) * batch_size].tolist()
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
+def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine") -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak (or constant at the peak)."""
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
     progress = (step - warmup) / max(1, total - warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
@@ -75,6 +77,29 @@ def total_steps(stage: SftStage, n_examples: int) -> int:
     if stage.max_steps is not None:
         return stage.max_steps
     return max(1, math.ceil(stage.epochs * max(1, n_examples // stage.batch_size)))
+
+
+def make_optimizer(model, stage: SftStage, steps: int):
+    """AdamW over the trainable parameters with the warm-up + cosine (or constant) schedule."""
+    import torch
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=stage.learning_rate, weight_decay=stage.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, stage.warmup_steps, steps, stage.lr_schedule))
+    return optimizer, scheduler
+
+
+def train_step(model, batch: list[Example], pad_id: int, accelerator, optimizer, scheduler) -> tuple[float, int]:
+    """One optimizer step on a batch; returns (loss, non-pad tokens processed)."""
+    ids, mask, labels = collate(batch, pad_id, accelerator.device)
+    loss, _ = completion_nll(model(input_ids=ids, attention_mask=mask).logits, labels)
+    accelerator.backward(loss)
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item(), int(mask.sum())
 
 
 def start_checkpoint(stage: SftStage, ctx: StageContext) -> str:
@@ -96,9 +121,7 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
 
     resumed = checkpointing.latest(ctx)
     model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=stage.learning_rate, weight_decay=stage.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, stage.warmup_steps, steps))
+    optimizer, scheduler = make_optimizer(model, stage, steps)
     accelerator = Accelerator()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     start, history = 0, []
@@ -113,18 +136,12 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     tokens_seen, began = 0, time.monotonic()
     for step in range(start, steps):
         batch = [examples[i] for i in batch_indices(len(examples), stage.batch_size, stage.seed, step)]
-        ids, mask, labels = collate(batch, tokenizer.pad_token_id, accelerator.device)
-        loss, n_tokens = completion_nll(model(input_ids=ids, attention_mask=mask).logits, labels)
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += int(mask.sum())
-        history.append({"step": step + 1, "loss": round(loss.item(), 5), "lr": scheduler.get_last_lr()[0]})
+        loss, tokens = train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+        tokens_seen += tokens
+        history.append({"step": step + 1, "loss": round(loss, 5), "lr": scheduler.get_last_lr()[0]})
         if (step + 1) % LOG_EVERY == 0 or step + 1 == steps:
             rate = tokens_seen / max(1e-9, time.monotonic() - began)
-            ctx.log(f"step {step + 1}/{steps} loss {loss.item():.4f} ({rate:,.0f} tokens/s)")
+            ctx.log(f"step {step + 1}/{steps} loss {loss:.4f} ({rate:,.0f} tokens/s)")
         if (step + 1) % stage.checkpoint_every == 0 and step + 1 < steps:
             state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                      "rng": checkpointing.rng_state(), "history": history}

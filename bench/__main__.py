@@ -1,0 +1,40 @@
+"""`python -m bench`: run every benchmark with its default arguments, then print one table."""
+
+from __future__ import annotations
+
+import importlib
+
+# Each module has `main(argv) -> result dict` and writes bench/results/<name>.json.
+BENCHES = ("sft_vs_trl", "overhead")
+
+COLUMNS = ("name", "metric", "ours", "peer", "ratio")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def table(rows: list[dict]) -> str:
+    cells = [COLUMNS] + [tuple(_cell(row[c]) for c in COLUMNS) for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def main() -> list[dict]:
+    rows = []
+    for name in BENCHES:
+        result = importlib.import_module(f"bench.{name}").main([])
+        rows.append({"name": name, **result})
+    print()
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Orchestration overhead: quickstart wall time against the sum of the stages' compute time.
+
+Runs `posttrain run` on the spec (a fresh store, so nothing is cached) as a user would, then
+reads the run summary: compute = Σ stage `compute_seconds` (the stage function's own time in
+its child process); overhead = wall − compute (CLI start, Prefect's ephemeral API, task
+orchestration, child-process start and imports, committing artifacts). No peer.
+
+    python -m bench.overhead [--spec pipelines/quickstart.yaml] [--out bench/results/overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import RESULTS_DIR, go_offline, make_result, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def measure(spec: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        began = time.monotonic()
+        subprocess.run([str(Path(sys.executable).with_name("posttrain")), "run", str(spec), "--store",
+                        f"file://{tmp}/store", "--summary-json", str(summary_path)], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - began
+        summary = json.loads(summary_path.read_text())
+    stages = {s["id"]: {"compute_seconds": s["compute_seconds"], "task_seconds": s["seconds"]}
+              for s in summary["stages"]}
+    return {"wall_seconds": round(wall, 2), "compute_seconds": round(sum(s["compute_seconds"] for s in
+                                                                         stages.values()), 2),
+            "flow_seconds": summary["seconds"], "stages": stages}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    go_offline()
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "quickstart.yaml"))
+    parser.add_argument("--out", default=str(RESULTS_DIR / "overhead.json"))
+    args = parser.parse_args(argv)
+    timing = measure(Path(args.spec))
+    overhead = (timing["wall_seconds"] - timing["compute_seconds"]) / timing["wall_seconds"] * 100
+    result = make_result(metric="orchestration overhead (share of wall time)", unit="%", ours=round(overhead, 2),
+                         peer=None, peer_name=None, higher_is_better=False,
+                         config={"spec": Path(args.spec).name, **timing,
+                                 "command": f"posttrain run {Path(args.spec).name} (fresh store)"})
+    path = write_result(result, args.out)
+    print(f"overhead: {overhead:.1f}% of {timing['wall_seconds']:.0f}s wall "
+          f"({timing['compute_seconds']:.0f}s stage compute) -> {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

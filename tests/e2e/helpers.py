@@ -1,0 +1,57 @@
+"""Run the real `posttrain` CLI on tiny specs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from conftest import POSTTRAIN, ROOT
+
+
+def tiny_spec(store: str, *, sft: dict | None = None, storage_options: dict | None = None, **top) -> dict:
+    spec = {
+        "name": "tiny",
+        "store": store,
+        "model": {"base": "tiny-llama"},
+        "envs": {"arith": {"kind": "arith", "digits": 2}},
+        "defaults": {"retries": 0, "retry_delay_seconds": 0, "timeout_seconds": 600},
+        "stages": [
+            {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 256},
+            {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 12, "batch_size": 16,
+             "checkpoint_every": 5, **(sft or {})},
+            {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft"], "envs": ["arith"], "n": 16,
+             "max_new_tokens": 48},
+        ],
+        **top,
+    }
+    if storage_options:
+        spec["storage_options"] = storage_options
+    return spec
+
+
+def write(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def posttrain(*args, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([POSTTRAIN, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def start(*args, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([POSTTRAIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def summary(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def by_id(run_summary: dict) -> dict:
+    return {stage["id"]: stage for stage in run_summary["stages"]}

@@ -1,0 +1,128 @@
+"""End-to-end: the real CLI runs real (tiny) pipelines through Prefect's local API."""
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from artifacts.store import Store
+from tests.e2e.helpers import by_id, posttrain, start, summary, tiny_spec, write
+
+
+def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
+    store = tmp_path / "store"
+    spec = write(tmp_path, tiny_spec(f"file://{store}"))
+    first = posttrain("run", spec, "--summary-json", tmp_path / "first.json")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    run1 = summary(tmp_path / "first.json")
+    assert [s["state"] for s in run1["stages"]] == ["completed"] * 3
+    for stage in run1["stages"]:
+        assert set(stage) >= {"id", "kind", "state", "outputs", "metrics", "seconds"}
+    evaluation = by_id(run1)["final-eval"]["metrics"]
+    assert set(evaluation) == {"sft"}
+    assert set(evaluation["sft"]["arith"]) >= {"accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens"}
+    assert (store / "runs" / f"{run1['run_id']}.json").exists()
+    assert "checkpoint" in first.stdout and "accuracy" in first.stdout  # the metrics table
+
+    began = time.monotonic()
+    second = posttrain("run", spec, "--summary-json", tmp_path / "second.json")
+    rerun_seconds = time.monotonic() - began
+    run2 = summary(tmp_path / "second.json")
+    assert second.returncode == 0
+    assert [s["state"] for s in run2["stages"]] == ["cached"] * 3
+    assert [s["outputs"] for s in run2["stages"]] == [s["outputs"] for s in run1["stages"]]
+    assert "[sft] step" not in second.stdout  # nothing was computed
+    print(f"cached rerun took {rerun_seconds:.1f}s")
+
+    status = posttrain("status", "--store", f"file://{store}")
+    assert run1["run_id"] in status.stdout and run2["run_id"] in status.stdout
+    one = posttrain("status", run2["run_id"], "--store", f"file://{store}")
+    assert "cached" in one.stdout and "final-eval" in one.stdout
+
+    # a checkpoint copied out of the store loads with plain transformers
+    sft_ref = by_id(run1)["sft"]["outputs"]["checkpoint"]
+    copied = shutil.copytree(Store(f"file://{store}").fetch(sft_ref), tmp_path / "copied")
+    model = AutoModelForCausalLM.from_pretrained(str(copied))
+    assert model.config.model_type == "llama"
+
+    lineage = posttrain("lineage", sft_ref, "--store", f"file://{store}")
+    assert lineage.returncode == 0
+    assert lineage.stdout.splitlines()[0].startswith(sft_ref)
+    assert by_id(run1)["warmup"]["outputs"]["dataset"] in lineage.stdout
+    assert "spec tiny" in lineage.stdout and "base model preset:tiny-llama" in lineage.stdout
+
+    verified = posttrain("verify", sft_ref, "--store", f"file://{store}")
+    assert verified.returncode == 0 and "ok" in verified.stdout
+    name, version = sft_ref.split("@")
+    (store / "artifacts" / name / version / "config.json").write_text("{}")
+    tampered = posttrain("verify", sft_ref, "--store", f"file://{store}")
+    assert tampered.returncode == 1 and "config.json: sha256" in tampered.stdout
+
+
+def test_sigkill_during_sft_then_rerun_resumes_mid_stage(tmp_path):
+    store = tmp_path / "store"
+    spec = write(tmp_path, tiny_spec(f"file://{store}", sft={"max_steps": 120, "batch_size": 8,
+                                                             "checkpoint_every": 10}))
+    process = start("run", spec)
+    deadline = time.monotonic() + 300
+    while not list(store.glob("scratch/*/step-*/DONE")):
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "no in-stage checkpoint appeared"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1)
+    assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json"))  # no committed sft yet
+
+    rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    stages = by_id(summary(tmp_path / "rerun.json"))
+    assert stages["warmup"]["state"] == "cached"
+    assert stages["sft"]["state"] == "completed"
+    resumed_from = stages["sft"]["metrics"]["resumed_from_step"]
+    assert resumed_from >= 10 and resumed_from % 10 == 0
+    assert f"resuming from in-stage checkpoint at step {resumed_from}/120" in rerun.stdout
+    assert not list(store.glob("scratch/*"))  # in-stage checkpoints are dropped once committed
+
+
+def test_timeout_stops_the_stage_and_everything_downstream(tmp_path):
+    store = tmp_path / "store"
+    spec = write(tmp_path, tiny_spec(f"file://{store}", sft={"max_steps": 100000, "timeout_seconds": 8}))
+    began = time.monotonic()
+    result = posttrain("run", spec, "--summary-json", tmp_path / "run.json")
+    assert result.returncode == 1
+    assert time.monotonic() - began < 120
+    run = summary(tmp_path / "run.json")
+    stages = by_id(run)
+    assert run["state"] == "failed" and stages["sft"]["state"] == "failed"
+    assert "timed out after 8s" in stages["sft"]["error"]
+    assert run["not_run"] == ["final-eval"]
+    status = posttrain("status", run["run_id"], "--store", f"file://{store}")
+    assert "timed out after 8s" in status.stdout and "not run" in status.stdout
+    assert not list(store.glob("artifacts/tiny/sft/*"))
+
+
+def test_quickstart_shape_on_s3_via_moto_server(tmp_path, s3_endpoint):
+    spec = write(tmp_path, tiny_spec("file://unused", storage_options={"endpoint_url": "${S3_ENDPOINT_URL}"}))
+    env = {"S3_ENDPOINT_URL": s3_endpoint}
+    result = posttrain("run", spec, "--store", "s3://posttrain-test/e2e", "--summary-json", tmp_path / "run.json",
+                       env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = summary(tmp_path / "run.json")
+    assert run["store"] == "s3://posttrain-test/e2e"
+    sft_ref = by_id(run)["sft"]["outputs"]["checkpoint"]
+    lineage = posttrain("lineage", sft_ref, "--store", "s3://posttrain-test/e2e", env={
+        **env, "AWS_ENDPOINT_URL_S3": s3_endpoint})
+    assert lineage.returncode == 0, lineage.stderr
+    lines = lineage.stdout.splitlines()
+    assert lines[0].startswith(sft_ref) and "tiny/warmup@" in lineage.stdout and "spec tiny" in lineage.stdout
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    store = Store("s3://posttrain-test/e2e", {"endpoint_url": s3_endpoint})
+    texts = [result.stdout, result.stderr, json.dumps(run)]
+    texts += [json.dumps(store.manifest(ref)) for stage in run["stages"] for ref in stage["outputs"].values()]
+    assert all(secret not in text for text in texts)
+    assert Path(tmp_path / "run.json").exists()

@@ -1,0 +1,53 @@
+"""The benchmark script runs on a tiny setting and writes a well-formed DESIGN §10 result (no timing checks)."""
+
+import json
+
+from bench.common import RESULT_KEYS
+
+
+def test_sft_vs_trl_writes_a_well_formed_result(tmp_path):
+    from bench import sft_vs_trl
+
+    out = tmp_path / "r.json"
+    returned = sft_vs_trl.main(["--steps", "4", "--batch-size", "4", "--out", str(out)])
+    result = json.loads(out.read_text())
+
+    assert result == returned
+    assert tuple(result) == RESULT_KEYS
+    assert result["metric"] == "train tokens/s" and result["unit"] == "tokens/s"
+    assert result["higher_is_better"] is True
+    assert result["peer_name"].startswith("trl ") and result["peer_name"].endswith(" SFTTrainer")
+    assert isinstance(result["ours"], float) and result["ours"] > 0
+    assert isinstance(result["peer"], float) and result["peer"] > 0
+    assert result["ratio"] == result["ours"] / result["peer"]
+    assert isinstance(result["config"], dict) and isinstance(result["machine"], dict)
+    for key in ("cpu_count", "torch_threads", "torch_version", "platform", "date"):
+        assert key in result["machine"]
+
+    config = result["config"]
+    assert config["settings"]["steps"] == 4 and config["settings"]["batch_size"] == 4
+    for side in ("ours", "peer"):
+        assert config[side]["timed_tokens"] > 0
+        assert isinstance(config[side]["final_loss"], float)
+    peer_args = config["peer"]["trl_args"]
+    assert peer_args["bf16"] is False and peer_args["gradient_checkpointing"] is False
+    assert config["peer"]["resolved"]["completion_only_loss"] is True
+    # Same batches on both sides: the same token ids, and so the same token counts
+    assert config["peer"]["token_ids_identical_to_ours"] is True
+    assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"]
+
+
+def test_overhead_writes_a_well_formed_result(tmp_path):
+    from bench import overhead
+    from tests.e2e.helpers import tiny_spec, write
+
+    spec = write(tmp_path, tiny_spec("file://unused"))
+    result = overhead.main(["--spec", str(spec), "--out", str(tmp_path / "o.json")])
+    assert json.loads((tmp_path / "o.json").read_text()) == result
+    assert tuple(result) == RESULT_KEYS and result["unit"] == "%" and result["higher_is_better"] is False
+    assert result["peer"] is None and result["ratio"] is None
+    config = result["config"]
+    assert set(config["stages"]) == {"warmup", "sft", "final-eval"}
+    assert 0 < config["compute_seconds"] < config["wall_seconds"]
+    assert result["ours"] == round((config["wall_seconds"] - config["compute_seconds"]) / config["wall_seconds"]
+                                   * 100, 2)
