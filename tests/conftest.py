@@ -11,6 +11,7 @@ for key, value in {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PREFECT_SERVER_A
                    "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
     os.environ[key] = value
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".posttrain" / "test-prefect-home"))
+Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect's sqlite needs the folder
 os.environ.pop("PREFECT_API_URL", None)
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 
