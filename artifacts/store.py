@@ -103,7 +103,7 @@ class Store:
         try:
             return self.fs.cat_file(path)
         except FileNotFoundError:
-            raise StoreError(f"not found in store: {self._display(path)}") from None
+            raise StoreError(f"not found in store: {self.display(path)}") from None
 
     def read_json(self, path: str):
         return json.loads(self.read_bytes(path))
@@ -249,7 +249,7 @@ class Store:
             raise StoreError(f"no alias for {name!r} in {self.uri}")
         return Ref(name, self.read_bytes(path).decode().strip())
 
-    def _display(self, path: str) -> str:
+    def display(self, path: str) -> str:
         return f"{self.protocol}://{path}" if not self.local else path
 
 

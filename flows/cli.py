@@ -1,4 +1,4 @@
-"""`posttrain` command line: run | validate | status | lineage | verify."""
+"""`posttrain` command line: run | validate | status | lineage | verify | contracts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from data_contracts.config import DATASET_KINDS
 
 DEFAULT_STORE = "file://.posttrain/store"
 _QUIET_DEFAULTS = {
@@ -129,6 +131,29 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_contracts_check(args) -> int:
+    from flows.contracts_cli import ContractInputError, check
+
+    spec = _load(args.spec)[0] if args.spec else None
+    try:
+        return check(args.path, args.kind, spec)
+    except ContractInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_contracts_docs(args) -> int:
+    from artifacts.store import StoreError
+    from flows.contracts_cli import ContractInputError, docs
+
+    store, ref = _store(args.store), _ref(args.ref)
+    try:
+        page = docs(store, ref, args.out)
+    except (ContractInputError, StoreError) as exc:
+        raise UserError(f"{exc}" if isinstance(exc, ContractInputError) else f"ref: {exc}") from None
+    print(f"Data Docs for {ref}: {page}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Declarative LLM post-training on Prefect.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("run_id", nargs="?")
     status.add_argument("--store", default=DEFAULT_STORE)
     status.set_defaults(func=cmd_status)
+    contracts = commands.add_parser("contracts", help="data contracts by hand").add_subparsers(
+        dest="contracts_command", required=True)
+    check = contracts.add_parser("check", help="validate a Parquet file (exit 0 pass, 1 fail, 2 bad input)")
+    check.add_argument("path")
+    check.add_argument("--kind", required=True, choices=DATASET_KINDS)
+    check.add_argument("--spec", help="take the contract's parameters (context, reward range) from this spec")
+    check.set_defaults(func=cmd_contracts_check)
+    docs = contracts.add_parser("docs", help="write the Data Docs of a committed dataset to a folder")
+    docs.add_argument("ref", help="name@version")
+    docs.add_argument("--out", default="data-docs")
+    docs.add_argument("--store", default=DEFAULT_STORE)
+    docs.set_defaults(func=cmd_contracts_docs)
     for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
                              ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
         sub = commands.add_parser(name, help=text)

@@ -29,6 +29,13 @@ def base_identity(base: str) -> str:
     return f"hub:{base}"
 
 
+def context_length(path_or_id: str) -> int | None:
+    """The model's context window (max positions) from its config."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(str(path_or_id)), "max_position_embeddings", None)
+
+
 def torch_dtype(name: str):
     import torch
 

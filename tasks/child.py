@@ -19,11 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
+from tasks.contracts import ContractViolation
+
 STAGE_MODULES = {"synthesize": "tasks.synthesize", "sft": "tasks.sft", "evaluate": "tasks.evaluate"}
-
-
-class StageError(Exception):
-    """A failure with a message meant for the user (no traceback needed)."""
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -41,7 +39,7 @@ def execute(request: dict) -> dict:
     from artifacts.store import Store
     from envs.loader import ENV_CONFIG
     from models.config import ModelConfig
-    from tasks import checkpointing
+    from tasks import checkpointing, contracts
     from tasks.config import STAGE_CONFIG
     from tasks.stage import StageContext
 
@@ -57,9 +55,12 @@ def execute(request: dict) -> dict:
         outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)
         compute = time.monotonic() - began
         refs, metrics = {}, {}
+        checked = {key: contracts.check(ctx, output, stage.contract) for key, output in outputs.items()
+                   if output.contract is not None}
         for key, output in outputs.items():
+            manifest_metrics = {**output.metrics, **({"contract": checked[key]} if key in checked else {})}
             ref = store.commit(f"{ctx.pipeline}/{stage.id}", output.kind, output.local_dir,
-                               producer=request["producer"], inputs=ctx.inputs, metrics=output.metrics)
+                               producer=request["producer"], inputs=ctx.inputs, metrics=manifest_metrics)
             refs[key] = str(ref)
             metrics.update(output.metrics)
         checkpointing.clear(ctx)
@@ -76,8 +77,8 @@ def main(argv: list[str]) -> int:
     try:
         result = execute(json.loads(request_path.read_text()))
         code = 0
-    except StageError as exc:
-        result, code = {"error": str(exc)}, 1
+    except ContractViolation as exc:
+        result, code = {"error": str(exc), "contract_failed": True}, 1
     except Exception as exc:
         traceback.print_exc()
         result, code = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, 1

@@ -9,6 +9,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from data_contracts.config import ContractConfig
+
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -31,6 +33,7 @@ class StageBase(BaseModel):
     retry_delay_seconds: float | None = Field(None, ge=0)
     timeout_seconds: float | None = Field(None, gt=0)
     gpus: int | None = Field(None, ge=0)
+    contract: ContractConfig | None = None  # overrides for the data contract of the stage's dataset
 
     def env_refs(self) -> list[tuple[str, str]]:
         """(field path, env id) pairs this stage names."""

@@ -17,6 +17,10 @@ def write_rows(rows: list[dict], out_dir: Path) -> Path:
 
 
 def read_rows(folder: Path) -> list[dict]:
+    return read_frame(folder).to_dict("records")
+
+
+def read_frame(folder: Path):
     import pandas as pd
 
-    return pd.read_parquet(Path(folder) / DATA_FILE).to_dict("records")
+    return pd.read_parquet(Path(folder) / DATA_FILE)

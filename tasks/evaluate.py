@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 
+from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
@@ -84,4 +85,4 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                     f"({time.monotonic() - began:.1f}s)")
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
-    return {"results": StageOutput("dataset", out_dir, metrics)}
+    return {"results": StageOutput("dataset", out_dir, metrics, ContractParams(kind="eval"))}

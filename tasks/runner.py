@@ -30,6 +30,14 @@ class StageFailed(Exception):
     pass
 
 
+class ContractFailed(StageFailed):
+    """The stage's dataset broke its data contract: retrying cannot fix data."""
+
+
+def retry_unless_contract_failed(task, task_run, state) -> bool:
+    return not isinstance(state.data, ContractFailed)
+
+
 @lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of the source of everything a stage runs; a code change invalidates the cache."""
@@ -80,7 +88,7 @@ def run_in_child(request: dict, timeout: float) -> dict:
             raise StageFailed(f"stage {request['stage']['id']!r} died (exit code {process.returncode})")
         result = json.loads(result_path.read_text())
     if "error" in result:
-        raise StageFailed(result["error"])
+        raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
     return result
 
 
@@ -90,7 +98,7 @@ def _child_env() -> dict:
     return env
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)
 def run_stage(request: dict, timeout_seconds: float):
     store = Store(request["store"], request["storage_options"])
     hit = cached_result(store, request["cache_key"])

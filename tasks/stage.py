@@ -9,6 +9,7 @@ from pathlib import Path
 
 from artifacts.refs import Ref
 from artifacts.store import Store
+from data_contracts.config import ContractParams
 from models.config import ModelConfig
 
 
@@ -19,6 +20,7 @@ class StageOutput:
     kind: str  # dataset | checkpoint | report
     local_dir: Path
     metrics: dict = field(default_factory=dict)
+    contract: ContractParams | None = None  # datasets: the contract checked before the commit
 
 
 @dataclass

@@ -51,3 +51,12 @@ def test_overhead_writes_a_well_formed_result(tmp_path):
     assert 0 < config["compute_seconds"] < config["wall_seconds"]
     assert result["ours"] == round((config["wall_seconds"] - config["compute_seconds"]) / config["wall_seconds"]
                                    * 100, 2)
+
+
+def test_contracts_bench_writes_a_well_formed_result(tmp_path):
+    from bench import contracts
+
+    result = contracts.main(["--rows", "2000", "--out", str(tmp_path / "c.json")])
+    assert json.loads((tmp_path / "c.json").read_text()) == result
+    assert tuple(result) == RESULT_KEYS and result["unit"] == "rows/s" and result["ours"] > 0
+    assert result["config"]["rows"] == 2000 and result["config"]["expectations"] >= 10

@@ -12,13 +12,14 @@ import yaml
 from conftest import POSTTRAIN, ROOT
 
 
-def tiny_spec(store: str, *, sft: dict | None = None, storage_options: dict | None = None, **top) -> dict:
+def tiny_spec(store: str, *, sft: dict | None = None, storage_options: dict | None = None,
+              defaults: dict | None = None, **top) -> dict:
     spec = {
         "name": "tiny",
         "store": store,
         "model": {"base": "tiny-llama"},
         "envs": {"arith": {"kind": "arith", "digits": 2}},
-        "defaults": {"retries": 0, "retry_delay_seconds": 0, "timeout_seconds": 600},
+        "defaults": defaults or {"retries": 0, "retry_delay_seconds": 0, "timeout_seconds": 600},
         "stages": [
             {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 256},
             {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 12, "batch_size": 16,

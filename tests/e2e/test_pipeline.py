@@ -27,6 +27,10 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     assert set(evaluation["sft"]["arith"]) >= {"accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens"}
     assert (store / "runs" / f"{run1['run_id']}.json").exists()
     assert "checkpoint" in first.stdout and "accuracy" in first.stdout  # the metrics table
+    manifests = Store(f"file://{store}")
+    for stage in ("warmup", "final-eval"):  # datasets carry their contract summary
+        contract = manifests.manifest(next(iter(by_id(run1)[stage]["outputs"].values())))["metrics"]["contract"]
+        assert contract["success"] is True and contract["expectations"] >= 5
 
     began = time.monotonic()
     second = posttrain("run", spec, "--summary-json", tmp_path / "second.json")

@@ -1,0 +1,66 @@
+"""Data-contract throughput: validating 100,000 rollout rows with the rollouts suite (GX).
+
+Times `data_contracts.validate.validate` on a synthetic rollouts dataset shaped like the
+generate stage's (group ids, token masks, rewards), after one untimed call on a small frame
+so GX's import and first-use costs are not counted. No peer.
+
+    python -m bench.contracts [--rows 100000] [--out bench/results/contracts.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench.common import RESULTS_DIR, go_offline, make_result, write_result
+
+GROUP_SIZE = 8
+
+
+def rollouts(rows: int):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({
+        "id": [f"r{i}" for i in range(rows)],
+        "prompt_id": [f"p{i // GROUP_SIZE}" for i in range(rows)],
+        "completion": ["We have 27 + 15 = 42. The final answer is 42."] * rows,
+        "finish_reason": rng.choice(["stop", "length"], size=rows, p=[0.95, 0.05]),
+        "reward": rng.random(rows),
+        "total_tokens": rng.integers(40, 120, size=rows),
+        "loss_mask": [[0] * 20 + [1] * 30] * rows,
+        "env_mask": [[0] * 50] * rows,
+    })
+
+
+def main(argv: list[str] | None = None) -> dict:
+    go_offline()
+    parser = argparse.ArgumentParser(prog="python -m bench.contracts", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--out", default=str(RESULTS_DIR / "contracts.json"))
+    args = parser.parse_args(argv)
+
+    from data_contracts.config import ContractParams
+    from data_contracts.validate import validate
+
+    params = ContractParams(kind="rollouts", reward_range=(0.0, 1.0), group_size=GROUP_SIZE, context_length=512,
+                            max_truncated_fraction=0.1)
+    frame = rollouts(args.rows)
+    validate(frame.head(GROUP_SIZE * 4), params)  # untimed: GX import and first use
+    began = time.perf_counter()
+    result = validate(frame, params)
+    seconds = time.perf_counter() - began
+    assert result.success, result.message()
+    output = make_result(metric="contract validation throughput", unit="rows/s", ours=round(args.rows / seconds, 1),
+                         peer=None, peer_name=None,
+                         config={"rows": args.rows, "seconds": round(seconds, 3), "suite": "rollouts",
+                                 "expectations": result.evaluated, "aim": "100,000 rows in under 2 s"})
+    path = write_result(output, args.out)
+    print(f"contracts: {args.rows:,} rollout rows in {seconds:.2f}s ({output['ours']:,.0f} rows/s) -> {path}")
+    return output
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

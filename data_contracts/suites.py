@@ -1,0 +1,74 @@
+"""Great Expectations suites, one per dataset kind, written as code.
+
+Checks that need more than one row or column (group sizes, chosen == rejected, masks) are
+computed into derived columns first (`prepare`), so every check is a plain GX expectation
+and shows up in the GX result and its Data Docs.
+"""
+
+from __future__ import annotations
+
+from data_contracts.config import ContractParams
+
+REQUIRED = {
+    "sft": ["id", "prompt", "completion"],
+    "rollouts": ["id", "prompt_id", "completion", "finish_reason", "reward"],
+    "preference": ["id", "prompt", "chosen", "rejected", "chosen_score", "rejected_score"],
+    "eval": ["checkpoint", "env", "mode", "task_id", "completion", "finish_reason", "completion_tokens"],
+}
+TEXT_COLUMNS = {"sft": ["prompt", "completion"], "rollouts": ["completion"], "preference": ["chosen", "rejected"],
+                "eval": []}
+BLANK = r"^\s*$"
+
+
+def prepare(frame, params: ContractParams):
+    """Add the derived columns the suite of `params.kind` checks."""
+    frame = frame.copy()
+    if params.kind == "rollouts":
+        frame["group_size"] = frame.groupby("prompt_id")["id"].transform("size")
+        if "loss_mask" in frame:
+            frame["trained_tokens"] = frame["loss_mask"].map(lambda mask: int(sum(mask)))
+        if "loss_mask" in frame and "env_mask" in frame:
+            frame["env_tokens_trained"] = [sum(int(a and b) for a, b in zip(loss, env))
+                                           for loss, env in zip(frame["loss_mask"], frame["env_mask"])]
+    if params.kind == "preference":
+        frame["chosen_equals_rejected"] = frame["chosen"] == frame["rejected"]
+    return frame
+
+
+def expectations(frame, params: ContractParams) -> list:
+    import great_expectations.expectations as gxe
+
+    kind = params.kind
+    checks = [gxe.ExpectColumnToExist(column=column) for column in REQUIRED[kind]]
+    present = [c for c in REQUIRED[kind] if c in frame.columns]
+    checks += [gxe.ExpectColumnValuesToNotBeNull(column=column) for column in present]
+    checks += [gxe.ExpectColumnValuesToNotMatchRegex(column=column, regex=BLANK) for column in TEXT_COLUMNS[kind]
+               if column in frame.columns]
+    if kind == "eval":
+        checks.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=["checkpoint", "env", "mode", "task_id"]))
+    elif "id" in frame.columns:
+        checks.append(gxe.ExpectColumnValuesToBeUnique(column="id"))
+    if "finish_reason" in frame.columns:
+        checks.append(gxe.ExpectColumnValuesToBeInSet(column="finish_reason", value_set=["stop"],
+                                                      mostly=1.0 - params.max_truncated_fraction)
+                      if kind == "rollouts" else
+                      gxe.ExpectColumnValuesToBeInSet(column="finish_reason", value_set=["stop", "length"]))
+    if params.reward_range is not None:
+        low, high = params.reward_range
+        for column in ("reward", "chosen_score", "rejected_score"):
+            if column in frame.columns:
+                checks.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high))
+    if params.context_length is not None and "total_tokens" in frame.columns:
+        checks.append(gxe.ExpectColumnValuesToBeBetween(column="total_tokens", max_value=params.context_length))
+    if kind == "rollouts":
+        if params.group_size is not None:
+            checks.append(gxe.ExpectColumnValuesToBeInSet(column="group_size", value_set=[params.group_size]))
+        if "trained_tokens" in frame.columns:
+            checks.append(gxe.ExpectColumnValuesToBeBetween(column="trained_tokens", min_value=1))
+        if "env_tokens_trained" in frame.columns:
+            checks.append(gxe.ExpectColumnValuesToBeInSet(column="env_tokens_trained", value_set=[0]))
+    if kind == "preference":
+        checks.append(gxe.ExpectColumnValuesToBeInSet(column="chosen_equals_rejected", value_set=[False]))
+        checks.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="chosen_score", column_B="rejected_score",
+                                                                  or_equal=True))
+    return checks

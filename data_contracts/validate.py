@@ -1,0 +1,96 @@
+"""validate(dataset, kind, params) -> ContractResult, with GX imported only here and only when used."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from data_contracts.config import ContractParams
+from data_contracts.suites import expectations, prepare
+
+EXAMPLES = 5
+
+
+@dataclass
+class Failure:
+    expectation: str
+    column: str
+    unexpected_count: int
+    example_ids: list = field(default_factory=list)
+
+    def line(self) -> str:
+        where = f"({self.column})" if self.column else ""
+        ids = f", e.g. {', '.join(map(str, self.example_ids))}" if self.example_ids else ""
+        return f"{self.expectation}{where}: {self.unexpected_count} rows{ids}"
+
+
+@dataclass
+class ContractResult:
+    kind: str
+    rows: int
+    success: bool
+    evaluated: int
+    failures: list[Failure]
+    gx_result: dict  # the GX validation result as JSON
+    params: dict = field(default_factory=dict)
+    gx_object: object = None  # the GX result itself, for rendering Data Docs
+
+    def summary(self) -> dict:
+        """What goes into the manifest's metrics of a committed dataset."""
+        return {"suite": self.kind, "success": self.success, "rows": self.rows, "expectations": self.evaluated,
+                "failed": [f.line() for f in self.failures], "params": self.params}
+
+    def message(self) -> str:
+        head = f"data contract '{self.kind}' failed on {self.rows} rows: "
+        return head + "; ".join(f.line() for f in self.failures)
+
+
+def _gx_context():
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def _row_ids(frame, indices: list) -> list:
+    id_column = "id" if "id" in frame.columns else ("task_id" if "task_id" in frame.columns else None)
+    if id_column is None:
+        return [f"row {i}" for i in indices[:EXAMPLES]]
+    return [frame[id_column].iloc[i] for i in indices[:EXAMPLES] if isinstance(i, int) and i < len(frame)]
+
+
+def validate(frame, params: ContractParams) -> ContractResult:
+    """Run the suite of `params.kind` over a pandas DataFrame."""
+    import great_expectations as gx
+
+    prepared = prepare(frame, params)
+    context = _gx_context()
+    asset = context.data_sources.add_pandas("posttrain").add_dataframe_asset(params.kind)
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": prepared})
+    suite = gx.ExpectationSuite(name=f"posttrain-{params.kind}", expectations=expectations(prepared, params))
+    result = batch.validate(suite, result_format={"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES})
+    failures = []
+    for check in result.results:
+        if check.success:
+            continue
+        config = check.expectation_config
+        details = check.result or {}
+        count = details.get("unexpected_count")
+        if count is None:
+            count = len(prepared) if config.type == "expect_column_to_exist" else 0
+        indices = list(details.get("unexpected_index_list") or [])
+        failures.append(Failure(config.type, config.kwargs.get("column", ""), int(count), _row_ids(prepared, indices)))
+    return ContractResult(params.kind, len(frame), bool(result.success), len(result.results), failures,
+                          json.loads(json.dumps(result.to_json_dict(), default=str)), asdict(params), result)
+
+
+def data_docs_html(result: ContractResult) -> str:
+    """The GX Data Docs page of one validation result."""
+    from great_expectations.render.renderer import ValidationResultsPageRenderer
+    from great_expectations.render.view import DefaultJinjaPageView
+
+    return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(result.gx_object))
