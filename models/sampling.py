@@ -1,15 +1,34 @@
-"""Batched generation from a causal LM: greedy or sampled, with finish reasons."""
+"""The generation engine: batched decoding with a KV cache, token-in / token-out.
+
+Every completion comes back with its token ids, the log-prob of each token, its text and
+why it ended. Prompts are token ids, so a multi-turn rollout appends the completion and the
+environment's observation tokens to the previous ids and continues: earlier turns are never
+re-tokenized.
+
+Log-probs are those of the distribution the token was drawn from before top-k/top-p
+truncation: the model's own for greedy decoding, the temperature-scaled one when sampling.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float | None = None  # None: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    stop: tuple[str, ...] = ()  # strings that end a completion (not included in its text)
 
 
 @dataclass
 class Generation:
     text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (end token) | "length" (token budget spent)
+    token_ids: list[int]  # what the model emitted, the end token included when it stopped on it
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"  # "stop" (end token or stop string) | "length" (budget spent)
 
 
 def chat_prompt(tokenizer, prompt: str) -> list[int]:
@@ -19,32 +38,111 @@ def chat_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float | None = None,
-             top_p: float = 1.0, batch_size: int = 64, seed: int = 0) -> list[Generation]:
-    """Complete each chat prompt; temperature None = greedy decoding."""
+             top_p: float = 1.0, top_k: int = 0, stop: tuple[str, ...] = (), batch_size: int = 64,
+             seed: int = 0) -> list[Generation]:
+    """Complete chat prompts (text in); see `generate_tokens`."""
+    params = SamplingParams(max_new_tokens, temperature, top_p, top_k, tuple(stop))
+    return generate_tokens(model, tokenizer, [chat_prompt(tokenizer, p) for p in prompts], params,
+                           batch_size=batch_size, seed=seed)
+
+
+def generate_tokens(model, tokenizer, prompts: list[list[int]], params: SamplingParams, *, batch_size: int = 64,
+                    seed: int = 0) -> list[Generation]:
+    """Complete each prompt (token ids in), `batch_size` prompts at a time."""
     import torch
 
-    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
     model.eval()
-    encoded = [chat_prompt(tokenizer, p) for p in prompts]
     results: list[Generation] = []
-    eos = tokenizer.eos_token_id
-    for start in range(0, len(encoded), batch_size):
-        chunk = encoded[start:start + batch_size]
-        width = max(len(ids) for ids in chunk)
-        input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        for row, ids in enumerate(chunk):  # left padding keeps every prompt's end aligned
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention[row, width - len(ids):] = 1
-        sampling = {"do_sample": False} if temperature is None else {
-            "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-        with torch.no_grad():
-            output = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-                                    max_new_tokens=max_new_tokens, eos_token_id=eos,
-                                    pad_token_id=tokenizer.pad_token_id, **sampling)
-        for row in output[:, width:].tolist():
-            finished = eos in row
-            tokens = row[:row.index(eos)] if finished else row
-            results.append(Generation(tokenizer.decode(tokens, skip_special_tokens=True), tokens,
-                                      "stop" if finished else "length"))
+    for start in range(0, len(prompts), batch_size):
+        results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params, generator)
     return results
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int, device):
+    import torch
+
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for row, ids in enumerate(prompts):  # left padding keeps every prompt's last token in the last column
+        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention[row, width - len(ids):] = 1
+    return input_ids.to(device), attention.to(device)
+
+
+def next_tokens(logits, params: SamplingParams, generator):
+    """Pick one token per row; returns (tokens, their log-probs)."""
+    import torch
+
+    if params.temperature is None:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        tokens = logprobs.argmax(dim=-1)
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+    logprobs = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+    filtered = logprobs.clone()
+    if params.top_k > 0:
+        kth = torch.topk(filtered, min(params.top_k, filtered.size(-1)), dim=-1).values[:, -1:]
+        filtered[filtered < kth] = -float("inf")
+    if params.top_p < 1.0:
+        sorted_lp, order = filtered.sort(dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
+        filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
+    tokens = torch.multinomial(torch.softmax(filtered, dim=-1).cpu(), 1, generator=generator)[:, 0]
+    tokens = tokens.to(logits.device)
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams, generator) -> list[Generation]:
+    import torch
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    input_ids, attention = _left_padded(prompts, pad, model.device)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    length = torch.full((len(prompts),), params.max_new_tokens, dtype=torch.long)  # tokens each row keeps
+    steps_tokens, steps_logprobs = [], []
+    with torch.no_grad():
+        # the model builds the cache its architecture needs (KV, or hybrid conv state for LFM2)
+        output = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        for step in range(params.max_new_tokens):
+            tokens, logprobs = next_tokens(output.logits[:, -1, :], params, generator)
+            tokens = tokens.cpu().masked_fill(done, pad)
+            steps_tokens.append(tokens)
+            steps_logprobs.append(logprobs.cpu())
+            ended = ~done & (tokens == eos)
+            if params.stop:
+                ended |= ~done & _stop_hits(tokenizer, torch.stack(steps_tokens, 1), done, params.stop)
+            length[ended] = step + 1
+            done |= ended
+            if bool(done.all()):
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
+            positions = positions[:, -1:] + 1
+            output = model(input_ids=tokens[:, None].to(model.device), attention_mask=attention,
+                           position_ids=positions, cache=output.cache, use_cache=True)
+    token_rows, logprob_rows = torch.stack(steps_tokens, 1).tolist(), torch.stack(steps_logprobs, 1).tolist()
+    gens = []
+    for row, n in enumerate(length.tolist()):
+        gen = Generation("", token_rows[row][:n], logprob_rows[row][:n], "stop" if done[row] else "length")
+        gen.text = _final_text(tokenizer, gen, params.stop)
+        gens.append(gen)
+    return gens
+
+
+def _stop_hits(tokenizer, generated, done, stop: tuple[str, ...]):
+    """Rows (not yet done) whose recent text contains a stop string."""
+    import torch
+
+    hits = torch.zeros(generated.shape[0], dtype=torch.bool)
+    for row in (~done).nonzero()[:, 0].tolist():
+        tail = tokenizer.decode(generated[row, -16:].tolist(), skip_special_tokens=True)
+        hits[row] = any(s in tail for s in stop)
+    return hits
+
+
+def _final_text(tokenizer, gen: Generation, stop: tuple[str, ...]) -> str:
+    text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
