@@ -12,6 +12,7 @@ Layout under the store root:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -53,8 +54,6 @@ def now_iso() -> str:
 
 
 def sha256_file(path: Path) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -88,7 +87,7 @@ class Store:
         """Touch the store root so a bad endpoint/bucket fails before anything runs."""
         try:
             if self.local:
-                os.makedirs(self.root, exist_ok=True)
+                _check_local_writable(self.root)
             else:
                 bucket = self.root.split("/", 1)[0]
                 if not self.fs.exists(bucket):
@@ -251,6 +250,15 @@ class Store:
 
     def display(self, path: str) -> str:
         return f"{self.protocol}://{path}" if not self.local else path
+
+
+def _check_local_writable(root: str) -> None:
+    """The folder (or the nearest existing folder above it) must be a writable directory."""
+    existing = root
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        raise StoreError(f"{root} is not a writable folder")
 
 
 def _local_temp_copy(path: str, data: bytes) -> str:

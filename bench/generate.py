@@ -20,11 +20,11 @@ from bench.common import RESULTS_DIR, go_offline, make_result, package_versions,
 def peer_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int):
     import torch
 
-    from models.sampling import _left_padded
+    from models.sampling import left_padded
 
     outputs = []
     for start in range(0, len(prompts), batch_size):
-        ids, mask = _left_padded(prompts[start:start + batch_size], tokenizer.pad_token_id, model.device)
+        ids, mask = left_padded(prompts[start:start + batch_size], tokenizer.pad_token_id, model.device)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

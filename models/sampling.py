@@ -59,7 +59,7 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], params: Sampling
     return results
 
 
-def _left_padded(prompts: list[list[int]], pad_id: int, device):
+def left_padded(prompts: list[list[int]], pad_id: int, device):
     import torch
 
     width = max(len(ids) for ids in prompts)
@@ -98,7 +98,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     import torch
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    input_ids, attention = _left_padded(prompts, pad, model.device)
+    input_ids, attention = left_padded(prompts, pad, model.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     done = torch.zeros(len(prompts), dtype=torch.bool)
     length = torch.full((len(prompts),), params.max_new_tokens, dtype=torch.long)  # tokens each row keeps

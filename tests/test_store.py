@@ -102,3 +102,12 @@ def test_s3_store_against_moto_server(s3_endpoint, tmp_path):
 def test_s3_store_that_cannot_be_reached_is_a_store_error(s3_endpoint):
     with pytest.raises(StoreError, match="does not exist"):
         Store("s3://no-such-bucket/x", {"endpoint_url": s3_endpoint}).check_reachable()
+
+
+def test_unwritable_local_store_is_a_store_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="is not a writable folder"):
+        Store(str(blocker / "store")).check_reachable()
+    Store(str(tmp_path / "new" / "store")).check_reachable()
+    assert not (tmp_path / "new").exists()  # checking writes nothing
