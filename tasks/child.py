@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tasks.contracts import ContractViolation
 
-STAGE_MODULES = {"synthesize": "tasks.synthesize", "sft": "tasks.sft", "evaluate": "tasks.evaluate"}
+STAGE_MODULES = {"synthesize": "tasks.synthesize", "generate": "tasks.generate", "sft": "tasks.sft",
+                 "evaluate": "tasks.evaluate"}
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from data_contracts.config import ContractConfig
 
@@ -92,6 +92,35 @@ class SftStage(StageBase):
         return refs
 
 
+class GenerateStage(StageBase):
+    """On-policy rollouts: `samples` sampled + `greedy` greedy completions per prompt, scored by the env."""
+
+    kind: Literal["generate"]
+    policy: str
+    env: str
+    n: int = Field(gt=0)  # prompts
+    split: Literal["train", "eval"] = "train"
+    samples: int = Field(5, ge=0)
+    greedy: int = Field(1, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _some_completions(self):
+        if self.samples + self.greedy < 1:
+            raise ValueError("samples + greedy must be at least 1")
+        return self
+
+    def env_refs(self):
+        return [("env", self.env)]
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint")]
+
+
 class SampledEval(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -118,7 +147,7 @@ class EvaluateStage(StageBase):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
 
 
-STAGE_OUTPUT = {"synthesize": "dataset", "sft": "checkpoint", "evaluate": "evaluation"}
+STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "evaluate": "evaluation"}
 
-StageConfig = Annotated[Union[SynthesizeStage, SftStage, EvaluateStage], Field(discriminator="kind")]
+StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, EvaluateStage], Field(discriminator="kind")]
 STAGE_CONFIG = TypeAdapter(StageConfig)

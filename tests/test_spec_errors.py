@@ -61,6 +61,14 @@ CASES = {
                             "storage_options.secret: credentials must come from the environment"),
     "unset env var": ({**GOOD, "storage_options": {"endpoint_url": "${POSTTRAIN_NO_SUCH_VAR}"}},
                       "storage_options.endpoint_url: environment variable POSTTRAIN_NO_SUCH_VAR is not set"),
+    "generate policy is a dataset": (
+        {**GOOD, "stages": GOOD["stages"] + [{"id": "gen", "kind": "generate", "policy": "warmup", "env": "arith",
+                                               "n": 2}]},
+        "stages[3].policy: stage 'warmup' produces a dataset, a checkpoint is expected here"),
+    "generate nothing": (
+        {**GOOD, "stages": GOOD["stages"] + [{"id": "gen", "kind": "generate", "policy": "sft", "env": "arith",
+                                               "n": 2, "samples": 0, "greedy": 0}]},
+        "stages[3]: Value error, samples + greedy must be at least 1"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }

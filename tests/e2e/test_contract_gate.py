@@ -42,3 +42,23 @@ def test_warn_mode_reports_and_commits(tmp_path):
     assert docs.returncode == 0, docs.stderr
     assert (tmp_path / "docs" / "index.html").read_text().lower().startswith("<!doctype html") or \
         "<html" in (tmp_path / "docs" / "index.html").read_text().lower()
+
+
+def test_generation_with_too_few_tokens_is_stopped_by_the_rollouts_contract(tmp_path):
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}")
+    spec["stages"].insert(2, {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 8,
+                              "samples": 3, "greedy": 1, "max_tokens": 4})  # every completion truncates
+    result = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
+    assert result.returncode == 1
+    run = summary(tmp_path / "run.json")
+    stages = by_id(run)
+    assert stages["sft"]["state"] == "completed" and stages["onpolicy"]["state"] == "failed"
+    assert stages["final-eval"]["state"] == "completed"  # not downstream of the failed stage
+    assert "data contract 'rollouts' failed on 32 rows: expect_column_values_to_be_in_set(finish_reason): 32 rows, " \
+           "e.g. arith-train-0-0" in stages["onpolicy"]["error"]
+    assert (store / "quarantine" / run["run_id"] / "onpolicy" / "data.parquet").exists()
+    assert not (store / "artifacts" / "tiny" / "onpolicy").exists()
+    status = posttrain("status", run["run_id"], "--store", f"file://{store}")
+    assert "onpolicy" in status.stdout and "failed" in status.stdout and "expect_column_values_to_be_in_set" in \
+        status.stdout

@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import pandas as pd
 from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
@@ -15,11 +16,15 @@ from tests.e2e.helpers import by_id, posttrain, start, summary, tiny_spec, write
 
 def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     store = tmp_path / "store"
-    spec = write(tmp_path, tiny_spec(f"file://{store}"))
+    pipeline = tiny_spec(f"file://{store}")
+    pipeline["stages"].append({"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 4,
+                               "samples": 2, "greedy": 1, "max_tokens": 24,
+                               "contract": {"max_truncated_fraction": 1.0}})  # a 12-step model rarely ends
+    spec = write(tmp_path, pipeline)
     first = posttrain("run", spec, "--summary-json", tmp_path / "first.json")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run1 = summary(tmp_path / "first.json")
-    assert [s["state"] for s in run1["stages"]] == ["completed"] * 3
+    assert [s["state"] for s in run1["stages"]] == ["completed"] * 4
     for stage in run1["stages"]:
         assert set(stage) >= {"id", "kind", "state", "outputs", "metrics", "seconds"}
     evaluation = by_id(run1)["final-eval"]["metrics"]
@@ -28,7 +33,10 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     assert (store / "runs" / f"{run1['run_id']}.json").exists()
     assert "checkpoint" in first.stdout and "accuracy" in first.stdout  # the metrics table
     manifests = Store(f"file://{store}")
-    for stage in ("warmup", "final-eval"):  # datasets carry their contract summary
+    rollouts = pd.read_parquet(manifests.fetch(by_id(run1)["onpolicy"]["outputs"]["rollouts"]) / "data.parquet")
+    assert len(rollouts) == 12 and set(rollouts.groupby("prompt_id").size()) == {3}
+    assert all(len(t) == len(lp) > 0 for t, lp in zip(rollouts["tokens"], rollouts["logprobs"]))
+    for stage in ("warmup", "final-eval", "onpolicy"):  # datasets carry their contract summary
         contract = manifests.manifest(next(iter(by_id(run1)[stage]["outputs"].values())))["metrics"]["contract"]
         assert contract["success"] is True and contract["expectations"] >= 5
 
@@ -37,7 +45,7 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     rerun_seconds = time.monotonic() - began
     run2 = summary(tmp_path / "second.json")
     assert second.returncode == 0
-    assert [s["state"] for s in run2["stages"]] == ["cached"] * 3
+    assert [s["state"] for s in run2["stages"]] == ["cached"] * 4
     assert [s["outputs"] for s in run2["stages"]] == [s["outputs"] for s in run1["stages"]]
     assert "[sft] step" not in second.stdout  # nothing was computed
     print(f"cached rerun took {rerun_seconds:.1f}s")

@@ -1,0 +1,68 @@
+"""`generate`: on-policy rollouts from a checkpoint, scored by the env's rubric.
+
+Per prompt, `samples` sampled completions and `greedy` greedy ones (the group the preference
+and RL stages compare within). Each row keeps its tokens and per-token log-probs, the
+reward of every rubric function, the total reward and the doom-loop flag. The dataset goes
+through the rollouts contract (group size, reward range, truncated share, context length).
+"""
+
+from __future__ import annotations
+
+from data_contracts.config import ContractParams
+from envs.doom import DoomLoopDetector
+from envs.loader import make_env
+from models.loading import context_length, load_model, load_tokenizer, set_threads
+from models.sampling import SamplingParams, chat_prompt, generate_tokens
+from tasks.config import GenerateStage
+from tasks.datasets import write_rows
+from tasks.stage import StageContext, StageOutput
+
+
+def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage) -> list[list]:
+    """For each prompt: its sampled completions, then its greedy ones."""
+    sampled = generate_tokens(model, tokenizer, [p for p in prompt_ids for _ in range(stage.samples)],
+                              SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
+                              batch_size=stage.batch_size, seed=stage.seed) if stage.samples else []
+    greedy = generate_tokens(model, tokenizer, prompt_ids, SamplingParams(stage.max_tokens),
+                             batch_size=stage.batch_size) if stage.greedy else []
+    return [sampled[i * stage.samples:(i + 1) * stage.samples] + ([greedy[i]] * stage.greedy if greedy else [])
+            for i in range(len(prompt_ids))]
+
+
+def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector: DoomLoopDetector) -> list[dict]:
+    rows = []
+    for task, prompt, group in zip(tasks, prompt_ids, groups):
+        for index, gen in enumerate(group):
+            score = env.rubric.score(gen.text, task)
+            rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index,
+                         "mode": "sampled" if index < stage.samples else "greedy", "prompt": task.prompt,
+                         "answer": task.answer, "completion": gen.text, "tokens": gen.token_ids,
+                         "logprobs": gen.logprobs, "finish_reason": gen.finish_reason,
+                         "total_tokens": len(prompt) + len(gen.token_ids), "reward": score.total,
+                         **{f"reward_{name}": value for name, value in score.rewards.items()},
+                         "reward_errors": len(score.errors), "correct": env.is_correct(gen.text, task),
+                         "doom_loop": detector.is_loop(gen.text, gen.finish_reason == "length")})
+    return rows
+
+
+def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
+    set_threads(ctx.model)
+    folder = ctx.fetch(stage.policy)
+    model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
+    env = make_env(stage.env, ctx.envs[stage.env])
+    tasks = env.tasks(stage.split, stage.n, stage.seed)
+    prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in tasks]
+    rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage), stage,
+                        DoomLoopDetector())
+    out_dir = ctx.workdir / "rollouts"
+    write_rows(rows, out_dir)
+    greedy = [r for r in rows if r["mode"] == "greedy"]
+    metrics = {"rows": len(rows), "prompts": len(tasks),
+               "truncated_rate": round(sum(r["finish_reason"] == "length" for r in rows) / len(rows), 4)}
+    if greedy:
+        metrics.update(greedy_accuracy=round(sum(r["correct"] for r in greedy) / len(greedy), 4),
+                       greedy_doom_loop_rate=round(sum(r["doom_loop"] for r in greedy) / len(greedy), 4))
+    ctx.log(f"{len(rows)} rollouts over {len(tasks)} prompts: {metrics}")
+    contract = ContractParams(kind="rollouts", group_size=stage.samples + stage.greedy,
+                              reward_range=env.rubric.reward_range, context_length=context_length(folder))
+    return {"rollouts": StageOutput("dataset", out_dir, metrics, contract)}
