@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -41,5 +41,4 @@ class ContractParams:
     def overridden(self, config: ContractConfig | None) -> "ContractParams":
         if config is None:
             return self
-        changes = {k: v for k, v in config.model_dump().items() if v is not None}
-        return ContractParams(**{**self.__dict__, **changes})
+        return replace(self, **{k: v for k, v in config.model_dump().items() if v is not None})

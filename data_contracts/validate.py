@@ -41,6 +41,10 @@ class ContractResult:
         return {"suite": self.kind, "success": self.success, "rows": self.rows, "expectations": self.evaluated,
                 "failed": [f.line() for f in self.failures], "params": self.params}
 
+    def report(self) -> dict:
+        """The `contract.json` written beside a quarantined dataset or its Data Docs."""
+        return {"summary": self.summary(), "gx_result": self.gx_result}
+
     def message(self) -> str:
         head = f"data contract '{self.kind}' failed on {self.rows} rows: "
         return head + "; ".join(f.line() for f in self.failures)

@@ -61,8 +61,7 @@ def docs(store, ref, out_dir: str) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "index.html").write_text(data_docs_html(result))
-    (out / "contract.json").write_text(json.dumps({"summary": result.summary(), "gx_result": result.gx_result},
-                                                  indent=2))
+    (out / "contract.json").write_text(json.dumps(result.report(), indent=2))
     return out / "index.html"
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+STOP_WINDOW = 16  # recent tokens searched for a stop string each step
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
@@ -113,7 +116,8 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             steps_logprobs.append(logprobs.cpu())
             ended = ~done & (tokens == eos)
             if params.stop:
-                ended |= ~done & _stop_hits(tokenizer, torch.stack(steps_tokens, 1), done, params.stop)
+                ended |= ~done & _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1), done,
+                                             params.stop)
             length[ended] = step + 1
             done |= ended
             if bool(done.all()):
@@ -137,7 +141,7 @@ def _stop_hits(tokenizer, generated, done, stop: tuple[str, ...]):
 
     hits = torch.zeros(generated.shape[0], dtype=torch.bool)
     for row in (~done).nonzero()[:, 0].tolist():
-        tail = tokenizer.decode(generated[row, -16:].tolist(), skip_special_tokens=True)
+        tail = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
         hits[row] = any(s in tail for s in stop)
     return hits
 

@@ -18,7 +18,7 @@ class ContractViolation(Exception):
 def quarantine(ctx: StageContext, output: StageOutput, result: ContractResult) -> str:
     folder = ctx.store.path("quarantine", ctx.run_id, ctx.stage_id)
     ctx.store.put_dir(output.local_dir, folder)
-    ctx.store.write_json(f"{folder}/contract.json", {"summary": result.summary(), "gx_result": result.gx_result})
+    ctx.store.write_json(f"{folder}/contract.json", result.report())
     ctx.store.write_bytes(f"{folder}/contract.html", data_docs_html(result).encode())
     return folder
 
