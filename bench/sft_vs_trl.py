@@ -4,22 +4,22 @@ Both sides train the `tiny-llama` preset in float32 on the same arith prompt/com
 in the same batches and order, with the same batch size, steps, max sequence length, learning
 rate, warm-up, weight decay, gradient clipping and torch thread count, completion-only loss.
 The metric is non-pad (prompt + completion) tokens per second of training-step time, after
-`WARMUP_STEPS` untimed steps on each side. Setup (loading, tokenizing) is not timed.
+`TRAIN_WARMUP_STEPS` untimed steps on each side. Setup (loading, tokenizing) is not timed.
 
     python -m bench.sft_vs_trl [--steps 200] [--batch-size 32] [--out bench/results/sft_vs_trl.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
+from bench.common import (GRAD_CLIP, RESULTS_DIR, TRAIN_METRIC, TRAIN_UNIT, TRAIN_WARMUP_STEPS, SideResult,
+                          Stopwatch, go_offline, make_result, package_versions, parameter_count, report,
+                          side_config, train_bench_args, trl_cpu_args)
 
 go_offline()  # before anything below imports transformers, datasets or trl
 
@@ -28,14 +28,10 @@ from models.config import ModelConfig  # noqa: E402
 from models.losses import completion_nll  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from tasks.config import SftStage  # noqa: E402
-from tasks.sft import (Example, batch_indices, collate, encode_example, make_optimizer,  # noqa: E402
-                       train_step)
+from tasks.sft import Example, collate, encode_example, train_step  # noqa: E402
+from tasks.training import batch_indices, make_optimizer  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
-WARMUP_STEPS = 3  # untimed on both sides: first-call allocations and kernel selection
-GRAD_CLIP = 1.0  # what tasks/sft.py clips to
-MIN_LR_RATE = 0.1  # tasks/sft.py's cosine decays to 10% of the peak
-METRIC, UNIT = "train tokens/s", "tokens/s"
 DEFAULT_OUT = RESULTS_DIR / "sft_vs_trl.json"
 
 
@@ -55,38 +51,6 @@ class Settings:
     lr_warmup_steps: int = _sft_default("warmup_steps")
     weight_decay: float = _sft_default("weight_decay")
     seed: int = _sft_default("seed")
-
-
-@dataclass
-class SideResult:
-    timed_tokens: int
-    timed_seconds: float
-    mean_train_loss: float
-    final_loss: float  # the trained model's loss on the last training batch, same function both sides
-    torch_threads: int
-    details: dict = field(default_factory=dict)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.timed_tokens / self.timed_seconds
-
-
-class Stopwatch:
-    """Seconds and tokens of the steps after the first `skip` steps, from cumulative token counts."""
-
-    def __init__(self, skip: int):
-        self.skip = skip
-        self.start: tuple[float, int] | None = None
-        self.seconds = 0.0
-        self.tokens = 0
-
-    def step_done(self, step: int, tokens_seen: int) -> None:
-        now = time.perf_counter()
-        if step == self.skip:
-            self.start = (now, tokens_seen)
-        elif step > self.skip:
-            self.seconds = now - self.start[0]
-            self.tokens = tokens_seen - self.start[1]
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -132,7 +96,7 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     model.train()
-    stopwatch, losses, tokens_seen = Stopwatch(WARMUP_STEPS), [], 0
+    stopwatch, losses, tokens_seen = Stopwatch(TRAIN_WARMUP_STEPS), [], 0
     for step in range(steps):
         batch = [examples[i] for i in batch_indices(len(examples), batch_size, seed, step)]
         loss, tokens = train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
@@ -146,12 +110,12 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
         mean_train_loss=round(sum(losses) / len(losses), 5),
         final_loss=last_batch_loss(accelerator.unwrap_model(model), examples, final_indices, tokenizer.pad_token_id),
         torch_threads=torch.get_num_threads(),
-        details={"loop": "tasks.sft: encode_example, batch_indices, make_optimizer, train_step",
+        details={"loop": "tasks.sft: encode_example, train_step; tasks.training: batch_indices, make_optimizer",
                  "optimizer": f"torch.optim.AdamW(lr={settings.learning_rate}, "
                               f"weight_decay={settings.weight_decay}), torch's default implementation",
-                 "scheduler": "LambdaLR(tasks.sft.lr_factor): linear warm-up, cosine to 10% of peak",
+                 "scheduler": "LambdaLR(tasks.training.lr_factor): linear warm-up, cosine to 10% of peak",
                  "grad_clip": GRAD_CLIP, "accelerate": True, "last_step_loss": round(losses[-1], 5),
-                 "model_parameters": _parameter_count(model)},
+                 "model_parameters": parameter_count(model)},
     )
 
 
@@ -159,35 +123,11 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
 
 def peer_args(settings: Settings, output_dir: str) -> dict:
     """SFTConfig arguments: matched to ours, and TRL's CPU-hostile defaults switched off (DESIGN §10)."""
-    return dict(
-        output_dir=output_dir,
-        max_steps=settings.steps,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=1,
-        learning_rate=settings.learning_rate,
-        weight_decay=settings.weight_decay,
-        lr_scheduler_type="cosine_warmup_with_min_lr",  # warm-up (s+1)/W like ours, cosine to min_lr_rate
-        lr_scheduler_kwargs={"min_lr_rate": MIN_LR_RATE},
-        warmup_steps=settings.lr_warmup_steps,
-        max_grad_norm=GRAD_CLIP,
-        seed=settings.seed,
-        max_length=settings.max_seq_len,
-        packing=False,
-        completion_only_loss=True,
-        bf16=False,  # TRL's default True is ~10x slower on CPU
-        fp16=False,
-        gradient_checkpointing=False,  # TRL's default True recomputes activations
-        activation_checkpointing=False,  # transformers 5's name for it; passing both avoids the alias warning
-        model_init_kwargs={"dtype": "float32"},
-        train_sampling_strategy="sequential",  # the dataset is already laid out in our batch order
-        include_num_input_tokens_seen="non_padding",  # TRL's own count of the tokens we measure
-        eval_strategy="no",
-        save_strategy="no",
-        logging_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    return {**trl_cpu_args(output_dir, steps=settings.steps, batch_size=settings.batch_size,
+                           learning_rate=settings.learning_rate, warmup_steps=settings.lr_warmup_steps,
+                           weight_decay=settings.weight_decay, seed=settings.seed),
+            "max_length": settings.max_seq_len, "packing": False, "completion_only_loss": True,
+            "include_num_input_tokens_seen": "non_padding"}  # TRL's own count of the tokens we measure
 
 
 def _stopwatch_callback(stopwatch: Stopwatch):
@@ -221,7 +161,7 @@ def peer(model_dir: Path, tokenizer, rows: list[dict], plan: list[list[int]], ex
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:
         args = SFTConfig(**peer_args(settings, output_dir))
         trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer)
-        stopwatch = Stopwatch(WARMUP_STEPS)
+        stopwatch = Stopwatch(TRAIN_WARMUP_STEPS)
         trainer.add_callback(_stopwatch_callback(stopwatch))
         same_tokens = _same_tokens(trainer.train_dataset, [examples[i] for indices in plan for i in indices])
         output = trainer.train()
@@ -239,7 +179,7 @@ def peer(model_dir: Path, tokenizer, rows: list[dict], plan: list[list[int]], ex
                               "activation_checkpointing": args.activation_checkpointing},
                  "dataset_format": "prompt/completion, prompt pre-rendered with the chat template",
                  "token_ids_identical_to_ours": same_tokens,
-                 "model_parameters": _parameter_count(model)},
+                 "model_parameters": parameter_count(model)},
     )
 
 
@@ -273,54 +213,28 @@ def run(settings: Settings) -> dict:
         "dtype": "float32",
         "data": {"env": "arith", "split": "train", "examples": len(examples),
                  "truncated_examples": sum(e.truncated for e in examples),
-                 "order": "tasks.sft.batch_indices, identical batches on both sides"},
+                 "order": "tasks.training.batch_indices, identical batches on both sides"},
         "settings": asdict(settings),
-        "untimed_warmup_steps": WARMUP_STEPS,
-        "timed_steps": settings.steps - WARMUP_STEPS,
+        "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
+        "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,
         "tokens_counted": "non-pad prompt + completion tokens (attention mask sum)",
-        "ours": _side_config(ours_result),
-        "peer": _side_config(peer_result),
+        "ours": side_config(ours_result),
+        "peer": side_config(peer_result),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
-    return make_result(metric=METRIC, unit=UNIT, ours=round(ours_result.tokens_per_second, 1),
+    return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=round(ours_result.tokens_per_second, 1),
                        peer=round(peer_result.tokens_per_second, 1), peer_name=_peer_name(), config=config)
-
-
-def _side_config(side: SideResult) -> dict:
-    return {"tokens_per_second": round(side.tokens_per_second, 1), "timed_tokens": side.timed_tokens,
-            "timed_seconds": round(side.timed_seconds, 4), "mean_train_loss": side.mean_train_loss,
-            "final_loss": side.final_loss, "torch_threads": side.torch_threads, **side.details}
-
-
-def _parameter_count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def _peer_name() -> str:
     return f"trl {package_versions('trl')['trl']} SFTTrainer"
 
 
-def parse_args(argv: list[str] | None):
-    import torch
-
-    parser = argparse.ArgumentParser(prog="python -m bench.sft_vs_trl", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help=f"training steps, the first {WARMUP_STEPS} untimed")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    args = parser.parse_args(argv)
-    if args.steps <= WARMUP_STEPS:
-        parser.error(f"--steps must be more than the {WARMUP_STEPS} untimed warm-up steps")
-    return args
-
-
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    args = train_bench_args(argv, prog="python -m bench.sft_vs_trl", description=__doc__.splitlines()[0],
+                            steps=200, batch_size=32, default_out=DEFAULT_OUT)
     result = run(Settings(steps=args.steps, batch_size=args.batch_size, threads=args.threads))
-    path = write_result(result, args.out)
-    print(f"sft_vs_trl: ours {result['ours']:,.1f} vs {result['peer_name']} {result['peer']:,.1f} {UNIT} "
-          f"(ratio {result['ratio']:.2f}) -> {path}")
-    return result
+    return report("sft_vs_trl", result, args.out)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.base import RewardFunc, Rubric, Task
 
 PROMPT = "I have a great question: what is {a}{op}{b}?"
-COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}. The final answer is {c}."
+COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}.{checks} The final answer is {c}."
+SELF_CHECK = " The answer is correct."
 _FINAL = re.compile(r"The final answer is (-?\d+)")
-_FORMAT = re.compile(r"Fantastic question! Let me unpack this for you\. We have (\d+) ([+-]) (\d+) = (-?\d+)\. "
-                     r"The final answer is (-?\d+)\.")
+_FORMAT = re.compile(r"Fantastic question! Let me unpack this for you\. We have (\d+) ([+-]) (\d+) = (-?\d+)\."
+                     r"(?: The answer is correct\.)* The final answer is (-?\d+)\.")
 EVAL_SHARE = 10  # one pair in EVAL_SHARE goes to the held-out split
 
 
@@ -26,6 +27,12 @@ class ArithEnvConfig(BaseModel):
     digits: int = Field(2, ge=1, le=3)
     ops: list[Literal["+", "-"]] = Field(["+"], min_length=1)
     format_weight: float = Field(0.2, ge=0)
+    # The oracle's trace re-checks its sum ("The answer is correct.") before answering, as
+    # reasoning traces do: after each check, another follows with this probability (the count
+    # is fixed per problem). Above 0.5, "check again" is the likelier next step at every point,
+    # so greedy decoding of a model that learned the traces well repeats it forever: the doom
+    # loop that sampling escapes and on-policy preference training removes.
+    self_check_rate: float = Field(0.0, ge=0, lt=1)
 
 
 def final_answers(completion: str) -> list[str]:
@@ -82,7 +89,12 @@ class ArithEnv:
         return tasks
 
     def reference_completion(self, task: Task) -> str:
-        return COMPLETION.format(a=task.info["a"], op=task.info["op"], b=task.info["b"], c=task.answer)
+        a, op, b = task.info["a"], task.info["op"], task.info["b"]
+        draws = random.Random(f"checks:{a}{op}{b}")
+        checks = 0
+        while draws.random() < self.config.self_check_rate:
+            checks += 1
+        return COMPLETION.format(a=a, op=op, b=b, c=task.answer, checks=SELF_CHECK * checks)
 
     def is_correct(self, completion: str, task: Task) -> bool:
         return correctness(completion, task) == 1.0

@@ -21,11 +21,13 @@ def print_dag(spec: PipelineSpec) -> None:
 
 
 def eval_rows(summary: dict) -> list[tuple[str, str, dict]]:
+    """(checkpoint, env, metrics) of every evaluate stage, checkpoints in the order the run made them."""
+    made = [stage["id"] for stage in summary["stages"]]
     rows = []
     for stage in summary["stages"]:
         if stage["kind"] == "evaluate":
-            for checkpoint, per_env in stage["metrics"].items():
-                rows += [(checkpoint, env, metrics) for env, metrics in per_env.items()]
+            for checkpoint in sorted(stage["metrics"], key=lambda c: made.index(c) if c in made else len(made)):
+                rows += [(checkpoint, env, metrics) for env, metrics in stage["metrics"][checkpoint].items()]
     return rows
 
 

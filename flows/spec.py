@@ -159,6 +159,22 @@ def _check_graph(spec: PipelineSpec) -> None:
                 raise SpecError(f"stages[{i}].{field}: stage {target!r} produces a {produced}, "
                                 f"a {wanted} is expected here")
     _check_acyclic(spec, index)
+    _check_pairable(spec, index)
+
+
+def _check_pairable(spec: PipelineSpec, index: dict[str, int]) -> None:
+    """A preference stage needs groups with sampled completions to pick best and worst from."""
+    for stage in spec.stages:
+        if stage.kind != "preference":
+            continue
+        i = index[stage.data]
+        source = spec.stages[i]
+        if source.samples < 1:
+            raise SpecError(f"stages[{i}].samples: must be at least 1, generate stage {source.id!r} feeds "
+                            f"preference stage {stage.id!r}, which pairs sampled completions")
+        if source.samples + source.greedy < 2:
+            raise SpecError(f"stages[{i}]: samples + greedy must be at least 2, generate stage {source.id!r} "
+                            f"feeds preference stage {stage.id!r}, which pairs two completions per prompt")
 
 
 def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:

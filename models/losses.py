@@ -20,3 +20,47 @@ def completion_nll(logits, labels):
     loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction="sum")
     return loss / tokens.clamp(min=1), tokens
+
+
+def sequence_logps(logits, labels):
+    """Summed completion log-probs of each sequence.
+
+    logp(y|x) = Σ_{t∈C} log πθ(y_t | y_<t, x), with C as in `completion_nll`.
+    Returns (logps [N], completion tokens [N]).
+    """
+    import torch
+
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != IGNORE_INDEX
+    targets = shift_labels.masked_fill(~mask, 0).unsqueeze(-1)
+    token_logps = shift_logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(shift_logits, dim=-1)
+    return (token_logps * mask).sum(-1), mask.sum(-1)
+
+
+def preference_loss(method: str, beta: float, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
+                    chosen_tokens, rejected_tokens):
+    """Per-pair preference loss; returns (losses [B], chosen rewards [B], rejected rewards [B]).
+
+    With h_w = log πθ(y_w|x) − log πref(y_w|x) and h_l likewise for the rejected completion:
+      dpo     L = −log σ(β·(h_w − h_l))                            (Rafailov et al. 2023)
+      ln_dpo  L = −log σ(β·(h_w/|y_w| − h_l/|y_l|))                (length-normalized, Liquid's form)
+      ipo     L = (h_w/|y_w| − h_l/|y_l| − 1/(2β))²               (Azar et al. 2023, per-token average
+                                                                   as TRL and the IPO authors use it)
+    |y| counts completion tokens. The implicit rewards β·h are returned for metrics.
+    """
+    import torch.nn.functional as F
+
+    chosen_ratio = chosen_logps - ref_chosen_logps
+    rejected_ratio = rejected_logps - ref_rejected_logps
+    if method == "dpo":
+        losses = -F.logsigmoid(beta * (chosen_ratio - rejected_ratio))
+    else:
+        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        if method == "ln_dpo":
+            losses = -F.logsigmoid(beta * delta)
+        elif method == "ipo":
+            losses = (delta - 1 / (2 * beta)) ** 2
+        else:
+            raise ValueError(f"unknown preference method {method!r}")
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()

@@ -22,7 +22,7 @@ from pathlib import Path
 from tasks.contracts import ContractViolation
 
 STAGE_MODULES = {"synthesize": "tasks.synthesize", "generate": "tasks.generate", "sft": "tasks.sft",
-                 "evaluate": "tasks.evaluate"}
+                 "preference": "tasks.preference", "evaluate": "tasks.evaluate"}
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -34,6 +34,27 @@ def _exit_with_parent(parent: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def commit_outputs(ctx, outputs: dict, checked: dict, producer: dict) -> dict[str, str]:
+    """Commit a stage's outputs; returns {output key: ref}, the primary (first) output first.
+
+    The primary is `<pipeline>/<stage>`, what downstream stages read; any other output is
+    `<pipeline>/<stage>.<key>` (stage ids cannot contain dots) and is committed before the
+    primary, which lists it among its inputs, so lineage reaches it.
+    """
+    primary, *others = outputs
+    refs, inputs = {}, dict(ctx.inputs)
+    for key in [*others, primary]:
+        output = outputs[key]
+        name = f"{ctx.pipeline}/{ctx.stage_id}" if key == primary else f"{ctx.pipeline}/{ctx.stage_id}.{key}"
+        metrics = {**output.metrics, **({"contract": checked[key]} if key in checked else {})}
+        ref = ctx.store.commit(name, output.kind, output.local_dir, producer=producer,
+                               inputs=ctx.inputs if key != primary else inputs, metrics=metrics)
+        refs[key] = str(ref)
+        if key != primary:
+            inputs[f"{ctx.stage_id}.{key}"] = str(ref)
+    return {key: refs[key] for key in outputs}
 
 
 def execute(request: dict) -> dict:
@@ -55,14 +76,11 @@ def execute(request: dict) -> dict:
     try:
         outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)
         compute = time.monotonic() - began
-        refs, metrics = {}, {}
         checked = {key: contracts.check(ctx, output, stage.contract) for key, output in outputs.items()
                    if output.contract is not None}
-        for key, output in outputs.items():
-            manifest_metrics = {**output.metrics, **({"contract": checked[key]} if key in checked else {})}
-            ref = store.commit(f"{ctx.pipeline}/{stage.id}", output.kind, output.local_dir,
-                               producer=request["producer"], inputs=ctx.inputs, metrics=manifest_metrics)
-            refs[key] = str(ref)
+        refs = commit_outputs(ctx, outputs, checked, request["producer"])
+        metrics = {}
+        for output in outputs.values():
             metrics.update(output.metrics)
         checkpointing.clear(ctx)
         return {"outputs": refs, "metrics": metrics, "compute_seconds": round(compute, 3)}

@@ -65,12 +65,9 @@ class SynthesizeStage(StageBase):
         return [("env", self.env)]
 
 
-class SftStage(StageBase):
-    """Supervised fine-tuning with a completion-only loss."""
+class TrainStage(StageBase):
+    """Optimizer, schedule and checkpointing fields of the stages that train a model."""
 
-    kind: Literal["sft"]
-    data: str
-    policy: str | None = None  # a checkpoint stage; the spec's base model when absent
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, gt=0)
     batch_size: int = Field(32, gt=0)
@@ -82,6 +79,14 @@ class SftStage(StageBase):
     checkpoint_every: int = Field(100, gt=0)
     seed: int = 0
 
+
+class SftStage(TrainStage):
+    """Supervised fine-tuning with a completion-only loss."""
+
+    kind: Literal["sft"]
+    data: str
+    policy: str | None = None  # a checkpoint stage; the spec's base model when absent
+
     def reads_base_model(self) -> bool:
         return self.policy is None
 
@@ -90,6 +95,28 @@ class SftStage(StageBase):
         if self.policy is not None:
             refs.append(("policy", self.policy, "checkpoint"))
         return refs
+
+
+class PreferenceStage(TrainStage):
+    """Preference alignment on rollouts: best vs worst completion per prompt, DPO-family loss.
+
+    The input checkpoint `policy` is the reference model; its log-probs of every pair are
+    computed once, before training, and stored with the pairs.
+    """
+
+    kind: Literal["preference"]
+    policy: str
+    data: str  # a rollouts dataset (a generate stage)
+    method: Literal["dpo", "ln_dpo", "ipo"] = "dpo"
+    beta: float = Field(0.1, gt=0)
+    min_reward_gap: float = Field(0.0, ge=0)  # pairs need chosen - rejected reward above this
+    learning_rate: float = Field(2e-5, gt=0)
+    batch_size: int = Field(16, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    max_seq_len: int = Field(256, gt=8)
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint"), ("data", self.data, "rollouts")]
 
 
 class GenerateStage(StageBase):
@@ -147,7 +174,9 @@ class EvaluateStage(StageBase):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
 
 
-STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "evaluate": "evaluation"}
+STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
+                "evaluate": "evaluation"}
 
-StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, EvaluateStage], Field(discriminator="kind")]
+StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, PreferenceStage, EvaluateStage],
+                        Field(discriminator="kind")]
 STAGE_CONFIG = TypeAdapter(StageConfig)

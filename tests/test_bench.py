@@ -60,3 +60,23 @@ def test_contracts_bench_writes_a_well_formed_result(tmp_path):
     assert json.loads((tmp_path / "c.json").read_text()) == result
     assert tuple(result) == RESULT_KEYS and result["unit"] == "rows/s" and result["ours"] > 0
     assert result["config"]["rows"] == 2000 and result["config"]["expectations"] >= 10
+
+
+def test_dpo_vs_trl_writes_a_well_formed_result(tmp_path):
+    from bench import dpo_vs_trl
+
+    out = tmp_path / "d.json"
+    result = dpo_vs_trl.main(["--steps", "5", "--batch-size", "4", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert tuple(result) == RESULT_KEYS and result["unit"] == "tokens/s"
+    assert result["peer_name"].startswith("trl ") and result["peer_name"].endswith(" DPOTrainer")
+    assert result["ours"] > 0 and result["peer"] > 0 and result["ratio"] == result["ours"] / result["peer"]
+    config = result["config"]
+    peer_args = config["peer"]["trl_args"]
+    assert peer_args["precompute_ref_log_probs"] is True and peer_args["loss_type"] == ["sigmoid"]
+    assert peer_args["bf16"] is False and peer_args["gradient_checkpointing"] is False
+    # the same pairs, token for token, and the same reference log-probs on both sides
+    assert config["peer"]["token_ids_identical_to_ours"] is True
+    assert config["peer"]["reference_logps_match_ours"] is True
+    assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"] > 0
+    assert config["data"]["mean_rejected_tokens"] > config["data"]["mean_chosen_tokens"]

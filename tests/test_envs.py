@@ -69,3 +69,19 @@ def test_doom_loop_detector_on_crafted_examples():
 def test_repeated_ngram_fraction():
     assert repeated_ngram_fraction("a b c d e f".split(), 4) == 0.0
     assert repeated_ngram_fraction(("a b " * 10).split(), 4) > 0.8
+
+
+def test_self_checks_are_geometric_per_problem_and_keep_the_format():
+    env = ArithEnv(ArithEnvConfig(kind="arith", digits=2, self_check_rate=0.6))
+    tasks = env.tasks("train", 2000, 0)
+    completions = [env.reference_completion(t) for t in tasks]
+    checks = [c.count(" The answer is correct.") for c in completions]
+    assert completions == [env.reference_completion(t) for t in tasks]  # fixed per problem
+    assert 0.35 < checks.count(0) / len(checks) < 0.45  # P(no check) = 1 - 0.6
+    assert 1.3 < sum(checks) / len(checks) < 1.7  # mean 0.6 / 0.4 = 1.5
+    assert max(checks) >= 6
+    for task, completion in zip(tasks[:50], completions):
+        assert env.is_correct(completion, task) and env.is_formatted(completion, task)
+    looping = completions[0].split(" The final answer")[0] + " The answer is correct." * 12
+    assert DoomLoopDetector().is_loop(looping, truncated=True)
+    assert not env.is_correct(looping, tasks[0])

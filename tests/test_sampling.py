@@ -18,7 +18,8 @@ def model_and_tokenizer():
 
     from envs.arith import ArithEnv, ArithEnvConfig
     from tasks.config import SftStage
-    from tasks.sft import batch_indices, encode_example, make_optimizer, train_step
+    from tasks.sft import encode_example, train_step
+    from tasks.training import batch_indices, make_optimizer
 
     folder = materialize("tiny-llama")
     tokenizer = load_tokenizer(folder)

@@ -40,6 +40,9 @@ def run_cli(capsys, *args):
     return code, captured.err.strip()
 
 
+ONPOLICY = {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 4}
+ALIGN = {"id": "align", "kind": "preference", "policy": "sft", "data": "onpolicy"}
+
 CASES = {
     "unknown key": (with_stage(1, epochz=3), "stages[1].epochz: unknown key"),
     "wrong type": (with_stage(1, max_steps="many"), "stages[1].max_steps: Input should be a valid integer"),
@@ -69,6 +72,25 @@ CASES = {
         {**GOOD, "stages": GOOD["stages"] + [{"id": "gen", "kind": "generate", "policy": "sft", "env": "arith",
                                                "n": 2, "samples": 0, "greedy": 0}]},
         "stages[3]: Value error, samples + greedy must be at least 1"),
+    "preference data not rollouts": (
+        {**GOOD, "stages": GOOD["stages"] + [{"id": "align", "kind": "preference", "policy": "sft",
+                                               "data": "warmup"}]},
+        "stages[3].data: stage 'warmup' produces a dataset, a rollouts is expected here"),
+    "preference from samples 0": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY | {"samples": 0, "greedy": 2}, ALIGN]},
+        "stages[3].samples: must be at least 1, generate stage 'onpolicy' feeds preference stage 'align'"),
+    "preference from one completion": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY | {"samples": 1, "greedy": 0}, ALIGN]},
+        "stages[3]: samples + greedy must be at least 2, generate stage 'onpolicy' feeds preference stage"),
+    "preference beta 0": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"beta": 0}]},
+        "stages[4].beta: Input should be greater than 0"),
+    "preference beta negative": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"beta": -0.1}]},
+        "stages[4].beta: Input should be greater than 0"),
+    "preference unknown method": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "kto"}]},
+        "stages[4].method: Input should be 'dpo', 'ln_dpo' or 'ipo'"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }
@@ -130,4 +152,4 @@ def test_quickstart_spec_is_valid():
     from flows.spec import load_spec
 
     spec, _ = load_spec("pipelines/quickstart.yaml")
-    assert [s.kind for s in spec.stages] == ["synthesize", "sft", "evaluate"]
+    assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "evaluate"]

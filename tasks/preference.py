@@ -1,0 +1,160 @@
+"""`preference`: alignment on on-policy data (Liquid's phase 2), resumable like sft.
+
+From a rollouts dataset, per prompt: chosen = the best-scored completion, rejected = the
+worst (ties broken towards the shorter chosen and the longer rejected, so a looping greedy
+completion is the one rejected). Groups whose best and worst scores tie, and groups with
+fewer than two finite scores, are dropped and counted.
+
+The input checkpoint is the reference. Its log-probs of every pair are computed once,
+before the first step, and stored in the pairs dataset, which is committed next to the
+checkpoint as `<stage>.pairs`: no reference model stays in memory while training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from data_contracts.config import ContractParams
+from models.loading import context_length, load_model, load_tokenizer, set_threads
+from models.losses import IGNORE_INDEX, preference_loss, sequence_logps
+from models.sampling import chat_prompt
+from tasks.config import PreferenceStage
+from tasks.datasets import read_rows, write_rows
+from tasks.sft import Example, collate
+from tasks.stage import StageContext, StageOutput
+from tasks.training import batch_indices, optimizer_step, start_training, total_steps
+
+REFERENCE_BATCH = 64
+
+
+@dataclass
+class PairStats:
+    prompts: int = 0
+    pairs: int = 0
+    dropped_tied: int = 0  # best and worst completion scored the same
+    dropped_unscored: int = 0  # fewer than two completions with a finite score
+
+
+def preference_pairs(rollouts: list[dict], min_reward_gap: float = 0.0) -> tuple[list[dict], PairStats]:
+    """One (chosen, rejected) pair per prompt group of `rollouts`, and what was dropped."""
+    groups: dict[str, list[dict]] = {}
+    for row in rollouts:
+        groups.setdefault(row["prompt_id"], []).append(row)
+    pairs, stats = [], PairStats(prompts=len(groups))
+    for prompt_id, group in groups.items():
+        scored = [row for row in group if math.isfinite(row["reward"])]
+        if len(scored) < 2:
+            stats.dropped_unscored += 1
+            continue
+        chosen = max(scored, key=lambda row: (row["reward"], -len(row["tokens"])))
+        rejected = min(scored, key=lambda row: (row["reward"], -len(row["tokens"])))
+        if chosen["reward"] - rejected["reward"] <= min_reward_gap:
+            stats.dropped_tied += 1
+            continue
+        pairs.append({"id": prompt_id, "prompt": chosen["prompt"],
+                      "chosen": chosen["completion"], "rejected": rejected["completion"],
+                      "chosen_score": chosen["reward"], "rejected_score": rejected["reward"],
+                      "chosen_tokens": [int(t) for t in chosen["tokens"]],
+                      "rejected_tokens": [int(t) for t in rejected["tokens"]],
+                      "chosen_mode": chosen["mode"], "rejected_mode": rejected["mode"],
+                      "rejected_doom_loop": bool(rejected["doom_loop"])})
+    stats.pairs = len(pairs)
+    return pairs, stats
+
+
+def encode_side(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Example:
+    """Prompt (masked) + completion token ids as sampled (trained on), cut at `max_len`."""
+    input_ids = (prompt_ids + completion_ids)[:max_len]
+    labels = ([IGNORE_INDEX] * len(prompt_ids) + completion_ids)[:max_len]
+    return Example(input_ids, labels, len(prompt_ids) + len(completion_ids) > max_len)
+
+
+def encode_pairs(tokenizer, pairs: list[dict], max_len: int) -> tuple[list[Example], list[Example]]:
+    chosen, rejected = [], []
+    for pair in pairs:
+        prompt_ids = chat_prompt(tokenizer, pair["prompt"])
+        chosen.append(encode_side(prompt_ids, pair["chosen_tokens"], max_len))
+        rejected.append(encode_side(prompt_ids, pair["rejected_tokens"], max_len))
+    return chosen, rejected
+
+
+def side_logps(model, examples: list[Example], pad_id: int, device):
+    """Summed completion log-probs and completion token counts of one side of a batch of pairs."""
+    ids, mask, labels = collate(examples, pad_id, device)
+    logps, tokens = sequence_logps(model(input_ids=ids, attention_mask=mask).logits, labels)
+    return logps, tokens, int(mask.sum())
+
+
+def reference_logps(model, examples: list[Example], pad_id: int, device) -> list[float]:
+    import torch
+
+    model.eval()
+    values = []
+    with torch.no_grad():
+        for start in range(0, len(examples), REFERENCE_BATCH):
+            logps, _, _ = side_logps(model, examples[start:start + REFERENCE_BATCH], pad_id, device)
+            values += logps.tolist()
+    return values
+
+
+def train_step(model, chosen: list[Example], rejected: list[Example], ref_chosen, ref_rejected,
+               stage: PreferenceStage, pad_id: int, accelerator, optimizer, scheduler) -> tuple[dict, int]:
+    """One optimizer step on a batch of pairs; returns (metrics, non-pad tokens processed).
+
+    Chosen and rejected go through the model as two batches, each padded to its own longest
+    sequence: a looping rejected completion is often twice as long as its chosen one.
+    """
+    chosen_logps, chosen_tokens, chosen_seen = side_logps(model, chosen, pad_id, accelerator.device)
+    rejected_logps, rejected_tokens, rejected_seen = side_logps(model, rejected, pad_id, accelerator.device)
+    losses, chosen_rewards, rejected_rewards = preference_loss(
+        stage.method, stage.beta, chosen_logps, rejected_logps, ref_chosen.to(accelerator.device),
+        ref_rejected.to(accelerator.device), chosen_tokens, rejected_tokens)
+    loss = losses.mean()
+    optimizer_step(model, loss, accelerator, optimizer, scheduler)
+    metrics = {"loss": loss.item(), "reward_accuracy": (chosen_rewards > rejected_rewards).float().mean().item(),
+               "reward_margin": (chosen_rewards - rejected_rewards).mean().item()}
+    return metrics, chosen_seen + rejected_seen
+
+
+def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
+    import torch
+    from accelerate import PartialState
+
+    set_threads(ctx.model)
+    source = str(ctx.fetch(stage.policy))
+    tokenizer = load_tokenizer(source)
+    pairs, stats = preference_pairs(read_rows(ctx.fetch(stage.data)), stage.min_reward_gap)
+    ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
+            f"{stats.dropped_unscored} unscored groups dropped)")
+    if not pairs:
+        raise ValueError(f"no preference pairs in {ctx.inputs[stage.data]}: all {stats.prompts} prompt groups "
+                         "tied or unscored")
+    chosen, rejected = encode_pairs(tokenizer, pairs, stage.max_seq_len)
+    device = PartialState().device
+    reference = load_model(source, ctx.model).to(device)
+    ref_chosen = reference_logps(reference, chosen, tokenizer.pad_token_id, device)
+    ref_rejected = reference_logps(reference, rejected, tokenizer.pad_token_id, device)
+    del reference
+    for pair, c, r, c_logp, r_logp in zip(pairs, chosen, rejected, ref_chosen, ref_rejected):
+        pair.update(ref_chosen_logp=c_logp, ref_rejected_logp=r_logp,
+                    total_tokens=max(len(c.input_ids), len(r.input_ids)))
+
+    ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
+    training = start_training(ctx, stage, source, total_steps(stage, len(pairs)))
+    for step in range(training.start, training.steps):
+        batch = batch_indices(len(pairs), stage.batch_size, stage.seed, step)
+        metrics, tokens = train_step(training.model, [chosen[i] for i in batch], [rejected[i] for i in batch],
+                                     ref_chosen[batch], ref_rejected[batch], stage, tokenizer.pad_token_id,
+                                     training.accelerator, training.optimizer, training.scheduler)
+        training.record(step, tokens, **metrics)
+
+    pairs_dir, out_dir = ctx.workdir / "pairs", ctx.workdir / "checkpoint"
+    write_rows(pairs, pairs_dir)
+    last = training.history[-1]
+    metrics = {**training.save(tokenizer, out_dir), "method": stage.method, "beta": stage.beta,
+               "final_loss": last["loss"], "final_reward_accuracy": last["reward_accuracy"], **vars(stats),
+               "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected))}
+    pair_contract = ContractParams(kind="preference", context_length=context_length(source))
+    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics),
+            "pairs": StageOutput("dataset", pairs_dir, {**vars(stats)}, pair_contract)}

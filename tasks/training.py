@@ -1,0 +1,129 @@
+"""What the training stages (sft, preference) share: data order, schedule, optimizer and a
+resumable step loop with in-stage checkpoints.
+
+The data order is a pure function of (seed, step), so a stage resumed from an in-stage
+checkpoint sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.loading import load_model
+from tasks import checkpointing
+from tasks.config import TrainStage
+from tasks.stage import StageContext
+
+LOG_EVERY = 25
+
+
+def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Indices of the batch at `step`: epoch-wise seeded permutations, batches never straddle epochs."""
+    import torch
+
+    per_epoch = max(1, n_examples // batch_size)
+    epoch, position = divmod(step, per_epoch)
+    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[position * batch_size:(position + 1) * batch_size].tolist()
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine") -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak (or constant at the peak)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def total_steps(stage: TrainStage, n_examples: int) -> int:
+    if stage.max_steps is not None:
+        return stage.max_steps
+    return max(1, math.ceil(stage.epochs * max(1, n_examples // stage.batch_size)))
+
+
+def make_optimizer(model, stage: TrainStage, steps: int):
+    """AdamW over the trainable parameters with the warm-up + cosine (or constant) schedule."""
+    import torch
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=stage.learning_rate, weight_decay=stage.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, stage.warmup_steps, steps, stage.lr_schedule))
+    return optimizer, scheduler
+
+
+def optimizer_step(model, loss, accelerator, optimizer, scheduler, max_grad_norm: float = 1.0) -> None:
+    accelerator.backward(loss)
+    accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class Training:
+    """A model being trained by a stage, with everything a resume needs."""
+
+    ctx: StageContext
+    stage: TrainStage
+    steps: int
+    model: object
+    optimizer: object
+    scheduler: object
+    accelerator: object
+    start: int = 0
+    history: list = field(default_factory=list)
+    tokens_seen: int = 0
+    began: float = field(default_factory=time.monotonic)
+
+    def record(self, step: int, tokens: int, **values: float) -> None:
+        """Log step `step` (0-based), and save an in-stage checkpoint when one is due."""
+        self.tokens_seen += tokens
+        entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()},
+                 "lr": self.scheduler.get_last_lr()[0]}
+        self.history.append(entry)
+        if (step + 1) % LOG_EVERY == 0 or step + 1 == self.steps:
+            shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
+            self.ctx.log(f"step {step + 1}/{self.steps} {shown} ({self.tokens_per_second:,.0f} tokens/s)")
+        if (step + 1) % self.stage.checkpoint_every == 0 and step + 1 < self.steps:
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "rng": checkpointing.rng_state(), "history": self.history}
+            checkpointing.save(self.ctx, step + 1, self.accelerator.unwrap_model(self.model), state)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_seen / max(1e-9, time.monotonic() - self.began)
+
+    def save(self, tokenizer, out_dir: Path) -> dict:
+        """Write the trained model (full weights or adapter) with its tokenizer; returns the run metrics."""
+        self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir))
+        tokenizer.save_pretrained(str(out_dir))
+        return {"steps": self.steps, "resumed_from_step": self.start,
+                "train_tokens_per_second": round(self.tokens_per_second, 1)}
+
+
+def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int) -> Training:
+    """Load the model from the stage's last in-stage checkpoint if there is one, else from `source`."""
+    import torch
+    from accelerate import Accelerator
+
+    torch.manual_seed(stage.seed)
+    resumed = checkpointing.latest(ctx)
+    model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
+    optimizer, scheduler = make_optimizer(model, stage, steps)
+    accelerator = Accelerator()
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator)
+    if resumed:
+        optimizer.load_state_dict(resumed.state["optimizer"])
+        scheduler.load_state_dict(resumed.state["scheduler"])
+        checkpointing.set_rng_state(resumed.state["rng"])
+        training.start, training.history = resumed.step, resumed.state["history"]
+        ctx.log(f"resuming from in-stage checkpoint at step {resumed.step}/{steps}")
+    model.train()
+    return training

@@ -1,0 +1,77 @@
+"""End-to-end: generate -> preference through the real CLI, killed mid-DPO, resumed, then cached."""
+
+import os
+import signal
+import time
+
+import pandas as pd
+
+from artifacts.store import Store
+from tests.e2e.helpers import by_id, posttrain, start, summary, tiny_spec, write
+
+DPO_STEPS = 40
+
+
+def preference_spec(store) -> dict:
+    """A short SFT on one-digit sums that gets some answers right, so rollouts differ in reward."""
+    pipeline = tiny_spec(f"file://{store}", sft={"max_steps": 150, "batch_size": 32, "learning_rate": 0.002,
+                                                 "warmup_steps": 20, "checkpoint_every": 200})
+    pipeline["envs"]["arith"]["digits"] = 1
+    pipeline["stages"][0]["n"] = 1024
+    pipeline["stages"][2] = {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "align"],
+                             "envs": ["arith"], "n": 16, "max_new_tokens": 64, "sampled": None}
+    pipeline["stages"][2:2] = [
+        {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 24, "samples": 4, "greedy": 1,
+         "max_tokens": 64, "contract": {"max_truncated_fraction": 1.0}},
+        {"id": "align", "kind": "preference", "policy": "sft", "data": "onpolicy", "method": "ln_dpo",
+         "beta": 0.5, "max_steps": DPO_STEPS, "batch_size": 4, "checkpoint_every": 5},
+    ]
+    return pipeline
+
+
+def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
+    store = tmp_path / "store"
+    spec = write(tmp_path, preference_spec(store))
+    process = start("run", spec)
+    deadline = time.monotonic() + 420
+    while not list(store.glob("scratch/*/step-*/DONE")) or not list(store.glob("artifacts/tiny/onpolicy/*")):
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no in-stage checkpoint of the preference stage appeared"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1)
+    assert not list(store.glob("artifacts/tiny/align*/*/MANIFEST.json"))  # nothing of align committed
+
+    rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    stages = by_id(summary(tmp_path / "rerun.json"))
+    assert [stages[s]["state"] for s in ("warmup", "sft", "onpolicy")] == ["cached"] * 3
+    align = stages["align"]
+    assert align["state"] == "completed"
+    resumed_from = align["metrics"]["resumed_from_step"]
+    assert resumed_from >= 5 and resumed_from % 5 == 0
+    assert f"resuming from in-stage checkpoint at step {resumed_from}/{DPO_STEPS}" in rerun.stdout
+    assert not list(store.glob("scratch/*"))
+
+    # the pairs are committed beside the checkpoint, contract-checked, and in its lineage
+    checkpoint_ref, pairs_ref = align["outputs"]["checkpoint"], align["outputs"]["pairs"]
+    assert checkpoint_ref.startswith("tiny/align@") and pairs_ref.startswith("tiny/align.pairs@")
+    manifests = Store(f"file://{store}")
+    assert manifests.manifest(checkpoint_ref)["inputs"]["align.pairs"] == pairs_ref
+    assert manifests.manifest(pairs_ref)["metrics"]["contract"]["success"] is True
+    pairs = pd.read_parquet(manifests.fetch(pairs_ref) / "data.parquet")
+    assert len(pairs) == align["metrics"]["pairs"] > 0
+    assert (pairs["chosen_score"] > pairs["rejected_score"]).all()
+    assert pairs["ref_chosen_logp"].lt(0).all() and pairs["ref_rejected_logp"].lt(0).all()
+    metrics = align["metrics"]
+    assert metrics["prompts"] == 24 == metrics["pairs"] + metrics["dropped_tied"] + metrics["dropped_unscored"]
+    assert set(stages["final-eval"]["metrics"]) == {"sft", "align"}
+    lineage = posttrain("lineage", checkpoint_ref, "--store", f"file://{store}")
+    assert pairs_ref in lineage.stdout and stages["onpolicy"]["outputs"]["rollouts"] in lineage.stdout
+
+    again = posttrain("run", spec, "--summary-json", tmp_path / "again.json")
+    assert again.returncode == 0
+    run = summary(tmp_path / "again.json")
+    assert [s["state"] for s in run["stages"]] == ["cached"] * 5
+    assert by_id(run)["align"]["outputs"] == align["outputs"]
