@@ -1,0 +1,76 @@
+"""Policy-gradient losses of the GRPO family as pure functions over tensors (DOMAIN.md, "GRPO family").
+
+Shapes: B completions, T completion positions; `mask` [B, T] is 1 on the tokens trained on
+(completion tokens the policy wrote; env-written and padding tokens are 0).
+"""
+
+from __future__ import annotations
+
+ADVANTAGE_EPS = 1e-4  # as TRL
+
+
+def group_advantages(rewards, group_size: int, scale: str = "group"):
+    """Â_i = (r_i − mean(r_group)) / (std + 1e-4), one value per completion.
+
+    Completions are laid out group by group (`group_size` consecutive rows per prompt). std is
+    the unbiased std of the group (`group`, GRPO) or of the whole batch (`batch`); `none` drops
+    the division (Dr. GRPO).
+    """
+    grouped = rewards.view(-1, group_size)
+    centered = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+    if scale == "none":
+        return centered
+    if scale == "group":
+        std = grouped.std(dim=1).repeat_interleave(group_size)
+    elif scale == "batch":
+        std = rewards.std().expand_as(rewards)
+    else:
+        raise ValueError(f"unknown reward scaling {scale!r}")
+    return centered / (std + ADVANTAGE_EPS)
+
+
+def kl_k3(logps, ref_logps):
+    """Per-token k3 estimate of KL(πθ ‖ πref): exp(ref − logp) − (ref − logp) − 1 (≥ 0)."""
+    delta = ref_logps - logps
+    return delta.exp() - delta - 1
+
+
+def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon_high: float, aggregation: str,
+              max_completion_length: int | None = None, ref_logps=None, beta: float = 0.0,
+              ratio_level: str = "token", kl_ratio_correction: bool = False):
+    """Clipped policy-gradient loss with an optional k3 KL penalty; returns (loss, clipped token fraction).
+
+    ρ_t = exp(logp_t − old_logp_t);  ℓ_t = −min(ρ_t·Â, clip(ρ_t, 1 − ε_low, 1 + ε_high)·Â) + β·KL_k3,t
+    With ratio_level="sequence" (GSPO; StepPO's per-step ratio, one row per step) every token of
+    a row shares s = exp(mean_t (logp_t − old_logp_t)), clipped once for the row.
+    kl_ratio_correction multiplies the KL term by ρ (DeepSeek-V3.2's unbiased reverse-KL
+    gradient; TRL ≥ 1.x does this by default).
+    Aggregation over the masked tokens:
+      grpo     mean over each sequence's tokens, then over sequences
+      dr_grpo  sum / (B · max_completion_length)
+      dapo     sum / number of masked tokens in the batch
+    """
+    log_ratio = logps - old_logps
+    if ratio_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+    elif ratio_level != "token":
+        raise ValueError(f"unknown ratio level {ratio_level!r}")
+    ratio = log_ratio.exp()
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * advantages
+    per_token = -unclipped.minimum(clipped)
+    if beta:
+        kl = kl_k3(logps, ref_logps)
+        per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)
+    mask = mask.to(per_token.dtype)
+    if aggregation == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    elif aggregation == "dr_grpo":
+        loss = (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    elif aggregation == "dapo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+    clip_fraction = (((clipped < unclipped).expand_as(mask) & (mask > 0)).sum() / mask.sum().clamp(min=1)).detach()
+    return loss, clip_fraction
