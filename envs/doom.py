@@ -58,3 +58,10 @@ def repeated_ngram_fraction(words: list[str], n: int) -> float:
     if not grams:
         return 0.0
     return 1.0 - len(set(grams)) / len(grams)
+
+
+def repetition_excess(text: str, n: int, threshold: float) -> float:
+    """Anti-doom shaping term in [0, 1] (used with a negative weight): with f the share of
+    repeated word n-grams, (f − threshold) / (1 − threshold) when f > threshold, else 0."""
+    repeated = repeated_ngram_fraction(text.split(), n)
+    return max(0.0, repeated - threshold) / (1.0 - threshold)

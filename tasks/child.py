@@ -22,7 +22,7 @@ from pathlib import Path
 from tasks.contracts import ContractViolation
 
 STAGE_MODULES = {"synthesize": "tasks.synthesize", "generate": "tasks.generate", "sft": "tasks.sft",
-                 "preference": "tasks.preference", "evaluate": "tasks.evaluate"}
+                 "preference": "tasks.preference", "rl": "tasks.rl", "evaluate": "tasks.evaluate"}
 
 
 def _exit_with_parent(parent: int) -> None:

@@ -68,19 +68,24 @@ class SynthesizeStage(StageBase):
 class TrainStage(StageBase):
     """Optimizer, schedule and checkpointing fields of the stages that train a model."""
 
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, gt=0)
-    batch_size: int = Field(32, gt=0)
     learning_rate: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(20, ge=0)
     lr_schedule: Literal["cosine", "constant"] = "cosine"
-    max_seq_len: int = Field(128, gt=8)
     checkpoint_every: int = Field(100, gt=0)
     seed: int = 0
 
 
-class SftStage(TrainStage):
+class DatasetTrainStage(TrainStage):
+    """Training over a dataset in batches (sft, preference): epochs or a fixed number of steps."""
+
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(32, gt=0)
+    max_seq_len: int = Field(128, gt=8)
+
+
+class SftStage(DatasetTrainStage):
     """Supervised fine-tuning with a completion-only loss."""
 
     kind: Literal["sft"]
@@ -97,7 +102,7 @@ class SftStage(TrainStage):
         return refs
 
 
-class PreferenceStage(TrainStage):
+class PreferenceStage(DatasetTrainStage):
     """Preference alignment on rollouts: best vs worst completion per prompt, DPO-family loss.
 
     The input checkpoint `policy` is the reference model; its log-probs of every pair are
@@ -117,6 +122,52 @@ class PreferenceStage(TrainStage):
 
     def stage_refs(self):
         return [("policy", self.policy, "checkpoint"), ("data", self.data, "rollouts")]
+
+
+class AntiDoom(BaseModel):
+    """Anti-doom-loop shaping of the RL reward: a penalty for repeated word n-grams."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ngram: int = Field(4, ge=1)
+    threshold: float = Field(0.2, ge=0, lt=1)  # share of repeated n-grams tolerated before any penalty
+    penalty: float = Field(0.5, ge=0)  # weight of the penalty in the reward (0 = logged only)
+
+
+class RlStage(TrainStage):
+    """On-policy RL from verifiable rewards (GRPO family) over a weighted mix of environments."""
+
+    kind: Literal["rl"]
+    policy: str
+    envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> mixing weight
+    algorithm: Literal["grpo"] = "grpo"
+    loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, ge=2)
+    epsilon_low: float = Field(0.2, ge=0, lt=1)
+    epsilon_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    mask_truncated: bool = False  # completions cut by max_tokens add no gradient
+    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(64, gt=0)
+    anti_doom: AntiDoom | None = None
+    learning_rate: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    checkpoint_every: int = Field(50, gt=0)
+
+    @model_validator(mode="after")
+    def _clip_range(self):
+        if self.epsilon_high < self.epsilon_low:
+            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon_low ({self.epsilon_low})")
+        return self
+
+    def env_refs(self):
+        return [(f"envs.{env_id}", env_id) for env_id in self.envs]
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint")]
 
 
 class GenerateStage(StageBase):
@@ -175,8 +226,8 @@ class EvaluateStage(StageBase):
 
 
 STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
-                "evaluate": "evaluation"}
+                "rl": "checkpoint", "evaluate": "evaluation"}
 
-StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, PreferenceStage, EvaluateStage],
+StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage],
                         Field(discriminator="kind")]
 STAGE_CONFIG = TypeAdapter(StageConfig)

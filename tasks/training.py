@@ -14,7 +14,7 @@ from pathlib import Path
 
 from models.loading import load_model
 from tasks import checkpointing
-from tasks.config import TrainStage
+from tasks.config import DatasetTrainStage, TrainStage
 from tasks.stage import StageContext
 
 LOG_EVERY = 25
@@ -40,7 +40,7 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine") -> f
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def total_steps(stage: TrainStage, n_examples: int) -> int:
+def total_steps(stage: DatasetTrainStage, n_examples: int) -> int:
     if stage.max_steps is not None:
         return stage.max_steps
     return max(1, math.ceil(stage.epochs * max(1, n_examples // stage.batch_size)))

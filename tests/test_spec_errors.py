@@ -42,6 +42,7 @@ def run_cli(capsys, *args):
 
 ONPOLICY = {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 4}
 ALIGN = {"id": "align", "kind": "preference", "policy": "sft", "data": "onpolicy"}
+RL = {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 10}
 
 CASES = {
     "unknown key": (with_stage(1, epochz=3), "stages[1].epochz: unknown key"),
@@ -91,6 +92,21 @@ CASES = {
     "preference unknown method": (
         {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "kto"}]},
         "stages[4].method: Input should be 'dpo', 'ln_dpo' or 'ipo'"),
+    "rl unknown algorithm": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"algorithm": "ppo"}]},
+        "stages[3].algorithm: Input should be 'grpo'"),
+    "rl env weight 0": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
+        "stages[3].envs.arith: Input should be greater than 0"),
+    "rl unknown env": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 1.0, "chess": 1.0}}]},
+        "stages[3].envs.chess: unknown env 'chess'"),
+    "rl group of one": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"group_size": 1}]},
+        "stages[3].group_size: Input should be greater than or equal to 2"),
+    "rl clip range inverted": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"epsilon_low": 0.3, "epsilon_high": 0.2}]},
+        "stages[3]: Value error, epsilon_high (0.2) must be at least epsilon_low (0.3)"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }

@@ -1,4 +1,4 @@
-"""End-to-end: generate -> preference through the real CLI, killed mid-DPO, resumed, then cached."""
+"""End-to-end: generate -> preference -> rl through the real CLI, killed mid-DPO, resumed, then cached."""
 
 import os
 import signal
@@ -18,13 +18,15 @@ def preference_spec(store) -> dict:
                                                  "warmup_steps": 20, "checkpoint_every": 200})
     pipeline["envs"]["arith"]["digits"] = 1
     pipeline["stages"][0]["n"] = 1024
-    pipeline["stages"][2] = {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "align"],
+    pipeline["stages"][2] = {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "align", "rl"],
                              "envs": ["arith"], "n": 16, "max_new_tokens": 64, "sampled": None}
     pipeline["stages"][2:2] = [
         {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 24, "samples": 4, "greedy": 1,
          "max_tokens": 64, "contract": {"max_truncated_fraction": 1.0}},
         {"id": "align", "kind": "preference", "policy": "sft", "data": "onpolicy", "method": "ln_dpo",
          "beta": 0.5, "max_steps": DPO_STEPS, "batch_size": 4, "checkpoint_every": 5},
+        {"id": "rl", "kind": "rl", "policy": "align", "envs": {"arith": 1.0}, "steps": 4, "prompts_per_step": 2,
+         "group_size": 3, "max_tokens": 16, "anti_doom": {"penalty": 0.5}},
     ]
     return pipeline
 
@@ -66,12 +68,13 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     assert pairs["ref_chosen_logp"].lt(0).all() and pairs["ref_rejected_logp"].lt(0).all()
     metrics = align["metrics"]
     assert metrics["prompts"] == 24 == metrics["pairs"] + metrics["dropped_tied"] + metrics["dropped_unscored"]
-    assert set(stages["final-eval"]["metrics"]) == {"sft", "align"}
+    assert set(stages["final-eval"]["metrics"]) == {"sft", "align", "rl"}
+    assert stages["rl"]["state"] == "completed" and stages["rl"]["metrics"]["steps"] == 4
     lineage = posttrain("lineage", checkpoint_ref, "--store", f"file://{store}")
     assert pairs_ref in lineage.stdout and stages["onpolicy"]["outputs"]["rollouts"] in lineage.stdout
 
     again = posttrain("run", spec, "--summary-json", tmp_path / "again.json")
     assert again.returncode == 0
     run = summary(tmp_path / "again.json")
-    assert [s["state"] for s in run["stages"]] == ["cached"] * 5
+    assert [s["state"] for s in run["stages"]] == ["cached"] * 6
     assert by_id(run)["align"]["outputs"] == align["outputs"]
