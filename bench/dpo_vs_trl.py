@@ -27,6 +27,7 @@ go_offline()  # before anything below imports transformers, datasets or trl
 
 from envs.arith import ArithEnv, ArithEnvConfig  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
+from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
 from tasks.config import PreferenceStage  # noqa: E402
@@ -240,7 +241,7 @@ def run(settings: Settings) -> dict:
 
 
 def _completion_len(example: Example) -> int:
-    return sum(label != -100 for label in example.labels)
+    return sum(label != IGNORE_INDEX for label in example.labels)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -51,16 +51,16 @@ def preference_loss(method: str, beta: float, chosen_logps, rejected_logps, ref_
     """
     import torch.nn.functional as F
 
-    chosen_ratio = chosen_logps - ref_chosen_logps
-    rejected_ratio = rejected_logps - ref_rejected_logps
+    chosen_logratio = chosen_logps - ref_chosen_logps  # h_w
+    rejected_logratio = rejected_logps - ref_rejected_logps  # h_l
     if method == "dpo":
-        losses = -F.logsigmoid(beta * (chosen_ratio - rejected_ratio))
+        losses = -F.logsigmoid(beta * (chosen_logratio - rejected_logratio))
     else:
-        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+        delta = chosen_logratio / chosen_tokens.clamp(min=1) - rejected_logratio / rejected_tokens.clamp(min=1)
         if method == "ln_dpo":
             losses = -F.logsigmoid(beta * delta)
         elif method == "ipo":
             losses = (delta - 1 / (2 * beta)) ** 2
         else:
             raise ValueError(f"unknown preference method {method!r}")
-    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
+    return losses, beta * chosen_logratio.detach(), beta * rejected_logratio.detach()

@@ -14,19 +14,29 @@ def group_advantages(rewards, group_size: int, scale: str = "group"):
 
     Completions are laid out group by group (`group_size` consecutive rows per prompt). std is
     the unbiased std of the group (`group`, GRPO) or of the whole batch (`batch`); `none` drops
-    the division (Dr. GRPO).
+    the division (Dr. GRPO). A NaN reward (a reward function raised) is left out of its group's
+    mean and std and gets advantage 0, as in TRL.
     """
+    import torch
+
     grouped = rewards.view(-1, group_size)
-    centered = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+    centered = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1)
     if scale == "none":
-        return centered
-    if scale == "group":
-        std = grouped.std(dim=1).repeat_interleave(group_size)
+        advantages = centered
+    elif scale == "group":
+        advantages = centered / (_nanstd(grouped, dim=1).repeat_interleave(group_size) + ADVANTAGE_EPS)
     elif scale == "batch":
-        std = rewards.std().expand_as(rewards)
+        advantages = centered / (_nanstd(rewards.view(1, -1), dim=1) + ADVANTAGE_EPS)
     else:
         raise ValueError(f"unknown reward scaling {scale!r}")
-    return centered / (std + ADVANTAGE_EPS)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def _nanstd(values, dim: int):
+    """Unbiased std over the non-NaN entries along `dim`."""
+    count = (~values.isnan()).sum(dim=dim)
+    squares = (values - values.nanmean(dim=dim, keepdim=True)).pow(2).nansum(dim=dim)
+    return (squares / (count - 1).clamp(min=1)).sqrt()
 
 
 def kl_k3(logps, ref_logps):

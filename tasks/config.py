@@ -131,7 +131,7 @@ class AntiDoom(BaseModel):
 
     ngram: int = Field(4, ge=1)
     threshold: float = Field(0.2, ge=0, lt=1)  # share of repeated n-grams tolerated before any penalty
-    penalty: float = Field(0.5, ge=0)  # weight of the penalty in the reward (0 = logged only)
+    penalty: float = Field(0.5, ge=0)  # weight of the penalty in the reward (0: only the `repetition` metric)
 
 
 class RlStage(TrainStage):
@@ -145,7 +145,7 @@ class RlStage(TrainStage):
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(8, gt=0)
     group_size: int = Field(8, ge=2)
-    epsilon_low: float = Field(0.2, ge=0, lt=1)
+    epsilon_low: float = Field(0.2, ge=0, lt=1)  # clip range (binds once a batch is reused)
     epsilon_high: float = Field(0.28, ge=0)
     beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint
     scale_rewards: Literal["group", "batch", "none"] = "group"

@@ -19,7 +19,9 @@ from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
 from models.losses import IGNORE_INDEX, preference_loss, sequence_logps
 from models.sampling import chat_prompt
+from tasks import contracts
 from tasks.config import PreferenceStage
+from tasks.contracts import ContractViolation
 from tasks.datasets import read_rows, write_rows
 from tasks.sft import Example, collate
 from tasks.stage import StageContext, StageOutput
@@ -127,9 +129,9 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     pairs, stats = preference_pairs(read_rows(ctx.fetch(stage.data)), stage.min_reward_gap)
     ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored groups dropped)")
-    if not pairs:
-        raise ValueError(f"no preference pairs in {ctx.inputs[stage.data]}: all {stats.prompts} prompt groups "
-                         "tied or unscored")
+    if not pairs:  # retrying cannot fix data
+        raise ContractViolation(f"no preference pairs in {ctx.inputs[stage.data]}: all {stats.prompts} prompt "
+                                "groups tied or unscored")
     chosen, rejected = encode_pairs(tokenizer, pairs, stage.max_seq_len)
     device = PartialState().device
     reference = load_model(source, ctx.model).to(device)
@@ -140,6 +142,12 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
         pair.update(ref_chosen_logp=c_logp, ref_rejected_logp=r_logp,
                     total_tokens=max(len(c.input_ids), len(r.input_ids)))
 
+    pairs_dir = ctx.workdir / "pairs"
+    write_rows(pairs, pairs_dir)
+    pairs_output = StageOutput("dataset", pairs_dir, vars(stats),
+                               ContractParams(kind="preference", context_length=context_length(source)))
+    pairs_output.contract_summary = contracts.check(ctx, pairs_output, stage.contract)  # before any training
+
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
     training = start_training(ctx, stage, source, total_steps(stage, len(pairs)))
     for step in range(training.start, training.steps):
@@ -149,12 +157,9 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
                                      training.accelerator, training.optimizer, training.scheduler)
         training.record(step, tokens, **metrics)
 
-    pairs_dir, out_dir = ctx.workdir / "pairs", ctx.workdir / "checkpoint"
-    write_rows(pairs, pairs_dir)
+    out_dir = ctx.workdir / "checkpoint"
     last = training.history[-1]
     metrics = {**training.save(tokenizer, out_dir), "method": stage.method, "beta": stage.beta,
-               "final_loss": last["loss"], "final_reward_accuracy": last["reward_accuracy"], **vars(stats),
+               "final_loss": last["loss"], "final_reward_accuracy": last["reward_accuracy"], "pairs": stats.pairs,
                "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected))}
-    pair_contract = ContractParams(kind="preference", context_length=context_length(source))
-    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics),
-            "pairs": StageOutput("dataset", pairs_dir, {**vars(stats)}, pair_contract)}
+    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics), "pairs": pairs_output}

@@ -5,6 +5,9 @@ Each step: draw `prompts_per_step` train tasks from the env mix by weight, sampl
 rubric (plus the anti-doom repetition penalty), turn rewards into group advantages, and take
 one clipped policy-gradient step (models/rl_losses.py). The prompts of a step are a pure
 function of (seed, step), so a resumed stage draws exactly what it would have drawn.
+
+One update per batch for now: the old policy is the current one, so the ratio is 1 and the
+clip range (and the clip-fraction metric) only starts to matter with `num_iterations`.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ TASK_POOL = 4096  # train tasks drawn per env; steps sample from it
 
 @dataclass
 class Rollout:
-    env_id: str
     prompt_ids: list[int]
     completion_ids: list[int]
     truncated: bool
-    reward: float
+    reward: float  # NaN when a weighted reward function raised
     correct: bool
     doom_loop: bool
+    repetition: float  # the anti-doom term before its weight (0 without anti_doom)
 
 
 def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
@@ -83,7 +86,9 @@ def completion_logps(model, prompt, prompt_mask, completion, completion_mask, te
 
     ids = torch.cat([prompt, completion], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt.size(1) - 1:-1].float() / temperature
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as the sampler numbers left-padded prompts
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    logits = logits[:, prompt.size(1) - 1:-1].float() / temperature
     return logits.gather(-1, completion.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -99,9 +104,10 @@ def sample_rollouts(model, tokenizer, envs: dict, rubric_of: dict, picked, stage
     for i, gen in enumerate(generations):
         env_id, task = picked[i // stage.group_size]
         truncated = gen.finish_reason == "length"
-        rollouts.append(Rollout(env_id, prompts[i // stage.group_size], gen.token_ids, truncated,
-                                rubric_of[env_id].score(gen.text, task).total, envs[env_id].is_correct(gen.text, task),
-                                detector.is_loop(gen.text, truncated)))
+        score = rubric_of[env_id].score(gen.text, task)
+        rollouts.append(Rollout(prompts[i // stage.group_size], gen.token_ids, truncated, score.total,
+                                envs[env_id].is_correct(gen.text, task), detector.is_loop(gen.text, truncated),
+                                score.rewards["repetition"] if stage.anti_doom else 0.0))
     return rollouts
 
 
@@ -111,9 +117,7 @@ def train_step(training, reference, rollouts: list[Rollout], stage: RlStage, pad
 
     device = training.accelerator.device
     rewards = torch.tensor([r.reward for r in rollouts])
-    scored = torch.isfinite(rewards)
-    advantages = group_advantages(torch.where(scored, rewards, 0.0), stage.group_size, stage.scale_rewards)
-    advantages = torch.where(scored, advantages, 0.0).to(device)  # a reward function raised: no signal
+    advantages = group_advantages(rewards, stage.group_size, stage.scale_rewards).to(device)
     prompt, prompt_mask, completion, completion_mask = padded_batch(rollouts, pad_id, device)
     mask = completion_mask.clone()
     if stage.mask_truncated:
@@ -133,6 +137,7 @@ def train_step(training, reference, rollouts: list[Rollout], stage: RlStage, pad
                "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
                "doom_loop_rate": sum(r.doom_loop for r in rollouts) / len(rollouts),
                "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
+               "repetition": sum(r.repetition for r in rollouts) / len(rollouts),
                "clip_fraction": clip_fraction.item()}
     if ref_logps is not None:
         kl = kl_k3(logps.detach(), ref_logps)
@@ -147,8 +152,8 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     envs = {env_id: make_env(env_id, ctx.envs[env_id]) for env_id in stage.envs}
     rubric_of = {env_id: shaped_rubric(env.rubric, stage) for env_id, env in envs.items()}
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
-    reference = load_model(source, ctx.model).eval() if stage.beta else None
     training = start_training(ctx, stage, source, stage.steps)
+    reference = load_model(source, ctx.model).to(training.accelerator.device).eval() if stage.beta else None
     detector = DoomLoopDetector()
     for step in range(training.start, stage.steps):
         picked = step_tasks(pools, stage.envs, stage.prompts_per_step, stage.seed, step)

@@ -21,6 +21,7 @@ class StageOutput:
     local_dir: Path
     metrics: dict = field(default_factory=dict)
     contract: ContractParams | None = None  # datasets: the contract checked before the commit
+    contract_summary: dict | None = None  # set when the stage checked the contract itself, early
 
 
 @dataclass

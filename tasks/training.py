@@ -1,4 +1,4 @@
-"""What the training stages (sft, preference) share: data order, schedule, optimizer and a
+"""What the training stages (sft, preference, rl) share: data order, schedule, optimizer and a
 resumable step loop with in-stage checkpoints.
 
 The data order is a pure function of (seed, step), so a stage resumed from an in-stage

@@ -83,45 +83,73 @@ def test_losses_follow_their_formulas():
         toy_loss("kto")
 
 
-def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path):
-    """`run` on a tiny store: pairs with the input checkpoint's log-probs, an adapter checkpoint out."""
+def stage_context(tmp_path, rewards: list[float], model_config):
+    """A store holding the tiny preset as the policy and 3 prompt groups of rollouts scored `rewards`."""
     from artifacts.store import Store
-    from models.config import ModelConfig
-    from models.loading import load_model, load_tokenizer
+    from models.loading import load_tokenizer
     from models.presets import materialize
-    from models.sampling import chat_prompt
-    from tasks.config import PreferenceStage
-    from tasks.datasets import read_rows, write_rows
-    from tasks.preference import reference_logps, run
+    from tasks.datasets import write_rows
     from tasks.stage import StageContext
 
     store = Store(f"file://{tmp_path / 'store'}")
     folder = materialize("tiny-llama")
     tokenizer = load_tokenizer(folder)
     policy_ref = store.commit("t/sft", "checkpoint", folder, producer={})
+    texts = ["The final answer is 4.", "The answer is correct." * 3]
     rows = []
     for p in range(3):
-        for index, (text, reward) in enumerate([("The final answer is 4.", 1.2), ("The answer is correct." * 3, 0.0)]):
+        for index, (text, reward) in enumerate(zip(texts, rewards)):
             rows.append(rollout(f"p{p}", index, reward, 0) | {
                 "prompt": f"what is {p}+4?", "completion": text,
                 "tokens": tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]})
     write_rows(rows, tmp_path / "rollouts")
     rollouts_ref = store.commit("t/onpolicy", "dataset", tmp_path / "rollouts", producer={})
-    ctx = StageContext(store=store, pipeline="t", run_id="r", stage_id="align", cache_key="k",
-                       model=ModelConfig(base="tiny-llama", lora={"r": 4, "alpha": 8}), envs={},
-                       inputs={"sft": str(policy_ref), "onpolicy": str(rollouts_ref)}, workdir=tmp_path / "work")
-    stage = PreferenceStage(kind="preference", id="align", policy="sft", data="onpolicy", method="ln_dpo",
-                            max_steps=3, batch_size=2, learning_rate=1e-3, warmup_steps=0, checkpoint_every=2)
+    return StageContext(store=store, pipeline="t", run_id="r", stage_id="align", cache_key="k", model=model_config,
+                        envs={}, inputs={"sft": str(policy_ref), "onpolicy": str(rollouts_ref)},
+                        workdir=tmp_path / "work")
 
-    outputs = run(stage, ctx)
+
+def align_stage(**overrides):
+    from tasks.config import PreferenceStage
+
+    return PreferenceStage(**{"kind": "preference", "id": "align", "policy": "sft", "data": "onpolicy",
+                              "method": "ln_dpo", "max_steps": 3, "batch_size": 2, "learning_rate": 1e-3,
+                              "warmup_steps": 0, "checkpoint_every": 2, **overrides})
+
+
+def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path):
+    """`run` on a tiny store: pairs with the input checkpoint's log-probs, an adapter checkpoint out."""
+    from models.config import ModelConfig
+    from models.loading import load_model, load_tokenizer
+    from models.presets import materialize
+    from models.sampling import chat_prompt
+    from tasks.datasets import read_rows
+    from tasks.preference import reference_logps, run
+
+    ctx = stage_context(tmp_path, [1.2, 0.0], ModelConfig(base="tiny-llama", lora={"r": 4, "alpha": 8}))
+    outputs = run(align_stage(), ctx)
 
     assert list(outputs) == ["checkpoint", "pairs"]
     assert (outputs["checkpoint"].local_dir / "adapter_config.json").exists()
     assert outputs["checkpoint"].metrics["pairs"] == 3 and outputs["checkpoint"].metrics["steps"] == 3
+    assert outputs["pairs"].contract_summary["success"] is True  # checked before the first step
     pairs = read_rows(outputs["pairs"].local_dir)
     assert [p["chosen"] for p in pairs] == ["The final answer is 4."] * 3
     # the reference is the input checkpoint itself (here the full preset under fresh adapters)
+    folder = materialize("tiny-llama")
+    tokenizer = load_tokenizer(folder)
     chosen = [encode_side(chat_prompt(tokenizer, p["prompt"]), list(p["chosen_tokens"]), 256) for p in pairs]
     expected = reference_logps(load_model(folder, ModelConfig()), chosen, tokenizer.pad_token_id, "cpu")
     assert [p["ref_chosen_logp"] for p in pairs] == pytest.approx(expected, abs=1e-4)
-    assert store.listdir(ctx.scratch) == ["step-2"]  # the in-stage checkpoint, until the child clears it
+    assert ctx.store.listdir(ctx.scratch) == ["step-2"]  # the in-stage checkpoint, until the child clears it
+
+
+def test_rollouts_without_a_single_pair_fail_the_stage_without_retries(tmp_path):
+    from models.config import ModelConfig
+    from tasks.contracts import ContractViolation
+    from tasks.preference import run
+
+    ctx = stage_context(tmp_path, [0.2, 0.2], ModelConfig())
+    with pytest.raises(ContractViolation, match=r"no preference pairs in t/onpolicy@[0-9a-f]{16}: all 3 prompt "
+                                                r"groups tied or unscored"):
+        run(align_stage(), ctx)

@@ -142,3 +142,13 @@ def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
     logps = torch.tensor([-1.0, -2.0, -0.5])
     assert kl_k3(logps, logps).tolist() == [0.0, 0.0, 0.0]
     assert (kl_k3(logps, logps + torch.tensor([0.3, -0.3, 1.0])) > 0).all()
+
+
+def test_a_nan_reward_is_left_out_of_its_group_and_gets_no_advantage():
+    rewards = torch.tensor([1.0, float("nan"), 0.0, 0.5, 0.5, 0.5])
+    advantages = group_advantages(rewards, 3, "group")
+    std = math.sqrt(0.5)  # unbiased std of {1, 0}: the NaN is not a 0
+    assert advantages[:3].tolist() == pytest.approx([0.5 / (std + 1e-4), 0.0, -0.5 / (std + 1e-4)])
+    assert advantages[3:].tolist() == [0.0, 0.0, 0.0]
+    assert not advantages.isnan().any()
+    assert group_advantages(rewards, 3, "none").tolist()[:3] == [0.5, 0.0, -0.5]
