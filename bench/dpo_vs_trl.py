@@ -31,8 +31,8 @@ from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
 from tasks.config import PreferenceStage  # noqa: E402
-from tasks.preference import encode_side, reference_logps, side_logps, train_step  # noqa: E402
-from tasks.sft import Example  # noqa: E402
+from tasks.preference import reference_logps, side_logps, train_step  # noqa: E402
+from tasks.sft import Example, encode_ids  # noqa: E402
 from tasks.training import batch_indices, make_optimizer  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
@@ -76,7 +76,7 @@ def make_pairs(tokenizer, n: int, seed: int, max_len: int) -> Pairs:
                       "rejected": looping})
         for side, text in ((chosen, texts[-1]["chosen"]), (rejected, looping)):
             completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            side.append(encode_side(prompt_ids, completion, max_len))
+            side.append(encode_ids(prompt_ids, completion, max_len))
     return Pairs(texts, chosen, rejected)
 
 

@@ -22,20 +22,22 @@ def completion_nll(logits, labels):
     return loss / tokens.clamp(min=1), tokens
 
 
+def token_logps(logits, targets):
+    """log softmax(logits)[target] at every position: [..., V] logits, [...] targets -> [...]."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
 def sequence_logps(logits, labels):
     """Summed completion log-probs of each sequence.
 
     logp(y|x) = Σ_{t∈C} log πθ(y_t | y_<t, x), with C as in `completion_nll`.
     Returns (logps [N], completion tokens [N]).
     """
-    import torch
-
-    shift_logits = logits[:, :-1, :].float()
     shift_labels = labels[:, 1:]
     mask = shift_labels != IGNORE_INDEX
-    targets = shift_labels.masked_fill(~mask, 0).unsqueeze(-1)
-    token_logps = shift_logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(shift_logits, dim=-1)
-    return (token_logps * mask).sum(-1), mask.sum(-1)
+    per_token = token_logps(logits[:, :-1, :], shift_labels.masked_fill(~mask, 0))
+    return (per_token * mask).sum(-1), mask.sum(-1)
 
 
 def preference_loss(method: str, beta: float, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,

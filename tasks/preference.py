@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
-from models.losses import IGNORE_INDEX, preference_loss, sequence_logps
+from models.losses import preference_loss, sequence_logps
 from models.sampling import chat_prompt
 from tasks import contracts
 from tasks.config import PreferenceStage
 from tasks.contracts import ContractViolation
 from tasks.datasets import read_rows, write_rows
-from tasks.sft import Example, collate
+from tasks.sft import Example, collate, encode_ids
 from tasks.stage import StageContext, StageOutput
 from tasks.training import batch_indices, optimizer_step, start_training, total_steps
 
@@ -65,19 +65,12 @@ def preference_pairs(rollouts: list[dict], min_reward_gap: float = 0.0) -> tuple
     return pairs, stats
 
 
-def encode_side(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Example:
-    """Prompt (masked) + completion token ids as sampled (trained on), cut at `max_len`."""
-    input_ids = (prompt_ids + completion_ids)[:max_len]
-    labels = ([IGNORE_INDEX] * len(prompt_ids) + completion_ids)[:max_len]
-    return Example(input_ids, labels, len(prompt_ids) + len(completion_ids) > max_len)
-
-
 def encode_pairs(tokenizer, pairs: list[dict], max_len: int) -> tuple[list[Example], list[Example]]:
     chosen, rejected = [], []
     for pair in pairs:
         prompt_ids = chat_prompt(tokenizer, pair["prompt"])
-        chosen.append(encode_side(prompt_ids, pair["chosen_tokens"], max_len))
-        rejected.append(encode_side(prompt_ids, pair["rejected_tokens"], max_len))
+        chosen.append(encode_ids(prompt_ids, pair["chosen_tokens"], max_len))
+        rejected.append(encode_ids(prompt_ids, pair["rejected_tokens"], max_len))
     return chosen, rejected
 
 

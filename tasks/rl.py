@@ -12,7 +12,6 @@ clip range (and the clip-fraction metric) only starts to matter with `num_iterat
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from dataclasses import dataclass
@@ -21,8 +20,9 @@ from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, repetition_excess
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
+from models.losses import token_logps
 from models.rl_losses import group_advantages, grpo_loss, kl_k3
-from models.sampling import SamplingParams, chat_prompt, generate_tokens
+from models.sampling import SamplingParams, chat_prompt, generate_tokens, left_padded
 from tasks.config import RlStage
 from tasks.stage import StageContext, StageOutput
 from tasks.training import optimizer_step, start_training
@@ -46,13 +46,9 @@ def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
     if stage.anti_doom is None:
         return rubric
     doom = stage.anti_doom
-    penalty = RewardFunc("repetition", functools.partial(_repetition, n=doom.ngram, threshold=doom.threshold),
-                         -doom.penalty)
+    penalty = RewardFunc("repetition", lambda completion, task: repetition_excess(completion, doom.ngram,
+                                                                                 doom.threshold), -doom.penalty)
     return Rubric([*rubric.funcs, penalty])
-
-
-def _repetition(completion, task, *, n, threshold):
-    return repetition_excess(completion, n, threshold)
 
 
 def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int):
@@ -66,18 +62,14 @@ def padded_batch(rollouts: list[Rollout], pad_id: int, device):
     """Left-padded prompts and right-padded completions, with their masks."""
     import torch
 
-    width_p = max(len(r.prompt_ids) for r in rollouts)
-    width_c = max(len(r.completion_ids) for r in rollouts)
-    prompt = torch.full((len(rollouts), width_p), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompt)
-    completion = torch.full((len(rollouts), width_c), pad_id, dtype=torch.long)
+    prompt, prompt_mask = left_padded([r.prompt_ids for r in rollouts], pad_id, device)
+    width = max(len(r.completion_ids) for r in rollouts)
+    completion = torch.full((len(rollouts), width), pad_id, dtype=torch.long)
     completion_mask = torch.zeros_like(completion)
     for row, r in enumerate(rollouts):
-        prompt[row, width_p - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-        prompt_mask[row, width_p - len(r.prompt_ids):] = 1
         completion[row, :len(r.completion_ids)] = torch.tensor(r.completion_ids)
         completion_mask[row, :len(r.completion_ids)] = 1
-    return prompt.to(device), prompt_mask.to(device), completion.to(device), completion_mask.to(device)
+    return prompt, prompt_mask, completion.to(device), completion_mask.to(device)
 
 
 def completion_logps(model, prompt, prompt_mask, completion, completion_mask, temperature: float):
@@ -88,8 +80,7 @@ def completion_logps(model, prompt, prompt_mask, completion, completion_mask, te
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as the sampler numbers left-padded prompts
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    logits = logits[:, prompt.size(1) - 1:-1].float() / temperature
-    return logits.gather(-1, completion.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return token_logps(logits[:, prompt.size(1) - 1:-1].float() / temperature, completion)
 
 
 def sample_rollouts(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, step: int,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from models.loading import load_tokenizer, resolve_base, set_threads
 from models.losses import IGNORE_INDEX, completion_nll
+from models.sampling import chat_prompt
 from tasks.config import SftStage
 from tasks.datasets import read_rows
 from tasks.stage import StageContext, StageOutput
@@ -19,15 +20,17 @@ class Example:
     truncated: bool
 
 
-def encode_example(tokenizer, prompt: str, completion: str, max_len: int) -> Example:
-    """Chat-formatted prompt (masked) + completion + end token (trained on)."""
-    prompt_text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                add_generation_prompt=True)
-    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+def encode_ids(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Example:
+    """Prompt token ids (masked) + completion token ids (trained on), cut at `max_len`."""
     input_ids = (prompt_ids + completion_ids)[:max_len]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + completion_ids)[:max_len]
     return Example(input_ids, labels, len(prompt_ids) + len(completion_ids) > max_len)
+
+
+def encode_example(tokenizer, prompt: str, completion: str, max_len: int) -> Example:
+    """Chat-formatted prompt (masked) + completion + end token (trained on)."""
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return encode_ids(chat_prompt(tokenizer, prompt), completion_ids, max_len)
 
 
 def collate(examples: list[Example], pad_id: int, device):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from models.losses import IGNORE_INDEX, preference_loss, sequence_logps
-from tasks.preference import encode_side, preference_pairs
+from tasks.preference import preference_pairs
+from tasks.sft import encode_ids
 
 
 def rollout(prompt_id: str, index: int, reward: float, tokens: int, mode: str = "sampled", doom: bool = False):
@@ -48,8 +49,8 @@ def test_min_reward_gap_drops_near_ties():
     assert preference_pairs(rows, min_reward_gap=0.1)[1].dropped_tied == 1
 
 
-def test_encode_side_masks_the_prompt_and_cuts_at_max_len():
-    example = encode_side([1, 2, 3], [7, 8, 9, 2], max_len=6)
+def test_encode_ids_masks_the_prompt_and_cuts_at_max_len():
+    example = encode_ids([1, 2, 3], [7, 8, 9, 2], max_len=6)
     assert example.input_ids == [1, 2, 3, 7, 8, 9]
     assert example.labels == [IGNORE_INDEX] * 3 + [7, 8, 9]
     assert example.truncated
@@ -138,7 +139,7 @@ def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path
     # the reference is the input checkpoint itself (here the full preset under fresh adapters)
     folder = materialize("tiny-llama")
     tokenizer = load_tokenizer(folder)
-    chosen = [encode_side(chat_prompt(tokenizer, p["prompt"]), list(p["chosen_tokens"]), 256) for p in pairs]
+    chosen = [encode_ids(chat_prompt(tokenizer, p["prompt"]), list(p["chosen_tokens"]), 256) for p in pairs]
     expected = reference_logps(load_model(folder, ModelConfig()), chosen, tokenizer.pad_token_id, "cpu")
     assert [p["ref_chosen_logp"] for p in pairs] == pytest.approx(expected, abs=1e-4)
     assert ctx.store.listdir(ctx.scratch) == ["step-2"]  # the in-stage checkpoint, until the child clears it

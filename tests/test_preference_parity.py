@@ -15,7 +15,8 @@ from models.loading import load_tokenizer
 from models.losses import preference_loss
 from models.presets import materialize
 from models.sampling import chat_prompt
-from tasks.preference import encode_side, side_logps
+from tasks.preference import side_logps
+from tasks.sft import encode_ids
 
 TRL_VERSION = "1.16.0"
 OUR_METHOD_FOR_TRL = {"sigmoid": "dpo", "sigmoid_norm": "ln_dpo", "ipo": "ipo"}
@@ -67,8 +68,8 @@ def trl_loss(loss_type: str, beta: float, policy, reference, tokenizer, rows, tm
 
 def our_loss(method: str, beta: float, policy, reference, tokenizer, rows) -> float:
     pad = tokenizer.pad_token_id
-    chosen = [encode_side(r["prompt_ids"], r["chosen_ids"], 512) for r in rows]
-    rejected = [encode_side(r["prompt_ids"], r["rejected_ids"], 512) for r in rows]
+    chosen = [encode_ids(r["prompt_ids"], r["chosen_ids"], 512) for r in rows]
+    rejected = [encode_ids(r["prompt_ids"], r["rejected_ids"], 512) for r in rows]
     with torch.no_grad():
         chosen_logps, chosen_tokens, _ = side_logps(policy, chosen, pad, "cpu")
         rejected_logps, rejected_tokens, _ = side_logps(policy, rejected, pad, "cpu")

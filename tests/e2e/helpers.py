@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -56,3 +58,15 @@ def summary(path: Path) -> dict:
 
 def by_id(run_summary: dict) -> dict:
     return {stage["id"]: stage for stage in run_summary["stages"]}
+
+
+def kill_once(process: subprocess.Popen, ready, timeout: float, why_not: str) -> None:
+    """SIGKILL a `start`ed run (its whole process group) as soon as `ready()` holds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, why_not
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1)

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pandas as pd
 from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
-from tests.e2e.helpers import by_id, posttrain, start, summary, tiny_spec, write
+from tests.e2e.helpers import by_id, kill_once, posttrain, start, summary, tiny_spec, write
 
 
 def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
@@ -79,15 +78,8 @@ def test_sigkill_during_sft_then_rerun_resumes_mid_stage(tmp_path):
     store = tmp_path / "store"
     spec = write(tmp_path, tiny_spec(f"file://{store}", sft={"max_steps": 120, "batch_size": 8,
                                                              "checkpoint_every": 10}))
-    process = start("run", spec)
-    deadline = time.monotonic() + 300
-    while not list(store.glob("scratch/*/step-*/DONE")):
-        assert process.poll() is None, process.stdout.read()
-        assert time.monotonic() < deadline, "no in-stage checkpoint appeared"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    time.sleep(1)
+    kill_once(start("run", spec), lambda: list(store.glob("scratch/*/step-*/DONE")), 300,
+              "no in-stage checkpoint appeared")
     assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json"))  # no committed sft yet
 
     rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")

@@ -1,13 +1,10 @@
 """End-to-end: generate -> preference -> rl through the real CLI, killed mid-DPO, resumed, then cached."""
 
-import os
-import signal
-import time
 
 import pandas as pd
 
 from artifacts.store import Store
-from tests.e2e.helpers import by_id, posttrain, start, summary, tiny_spec, write
+from tests.e2e.helpers import by_id, kill_once, posttrain, start, summary, tiny_spec, write
 
 DPO_STEPS = 40
 
@@ -34,15 +31,9 @@ def preference_spec(store) -> dict:
 def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     store = tmp_path / "store"
     spec = write(tmp_path, preference_spec(store))
-    process = start("run", spec)
-    deadline = time.monotonic() + 420
-    while not list(store.glob("scratch/*/step-*/DONE")) or not list(store.glob("artifacts/tiny/onpolicy/*")):
-        assert process.poll() is None, process.stdout.read()[-3000:]
-        assert time.monotonic() < deadline, "no in-stage checkpoint of the preference stage appeared"
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    time.sleep(1)
+    kill_once(start("run", spec),
+              lambda: list(store.glob("scratch/*/step-*/DONE")) and list(store.glob("artifacts/tiny/onpolicy/*")),
+              420, "no in-stage checkpoint of the preference stage appeared")
     assert not list(store.glob("artifacts/tiny/align*/*/MANIFEST.json"))  # nothing of align committed
 
     rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")
