@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 # Each module has `main(argv) -> result dict` and writes bench/results/<name>.json.
-BENCHES = ("sft_vs_trl", "dpo_vs_trl", "overhead", "contracts", "generate")
+BENCHES = ("sft_vs_trl", "dpo_vs_trl", "grpo_vs_trl", "overhead", "rl_seeds", "contracts", "generate")
 
 COLUMNS = ("name", "metric", "ours", "peer", "ratio")
 

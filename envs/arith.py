@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import RewardFunc, Rubric, Task
+from envs.base import RewardFunc, Rubric, SingleTurn, Task
 
 PROMPT = "I have a great question: what is {a}{op}{b}?"
 COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}.{checks} The final answer is {c}."
@@ -55,6 +55,9 @@ def completion_words(completion: str, task: Task) -> float:
 
 
 class ArithEnv:
+    max_turns = 1
+    action_stop = ()
+
     def __init__(self, config: ArithEnvConfig, name: str = "arith"):
         self.config = config
         self.name = name
@@ -87,6 +90,9 @@ class ArithEnv:
             tasks.append(Task(id=f"{self.name}-{split}-{i}", prompt=PROMPT.format(a=a, op=op, b=b),
                               answer=str(answer), info={"a": a, "b": b, "op": op}))
         return tasks
+
+    def start(self, task: Task) -> SingleTurn:
+        return SingleTurn()
 
     def reference_completion(self, task: Task) -> str:
         a, op, b = task.info["a"], task.info["op"], task.info["b"]

@@ -46,6 +46,10 @@ class Rubric:
         total = sum(func.weight * rewards[func.name] for func in self.funcs if func.weight != 0)
         return Score(rewards, total, errors)
 
+    def penalties(self, score: Score) -> float:
+        """The weighted total of the negative-weight terms only (what an invalid trace still gets)."""
+        return sum(f.weight * score.rewards[f.name] for f in self.funcs if f.weight < 0)
+
     @property
     def reward_range(self) -> tuple[float, float]:
         """Range of the weighted total, given each function's output in [0, 1]."""
@@ -54,15 +58,41 @@ class Rubric:
         return low, high
 
 
+@dataclass(frozen=True)
+class Turn:
+    """What the environment answers to one action of the policy."""
+
+    observation: str = ""  # appended to the context after the action; env-written, masked from the loss
+    reward: float = 0.0  # a per-step reward, on top of the rubric's score of the whole trajectory
+    done: bool = False
+
+
+class Episode(Protocol):
+    def step(self, action: str) -> Turn:
+        """Take the policy's action (the text of one turn) and answer it."""
+
+
+class SingleTurn:
+    """The episode of a single-turn environment: the first action ends it."""
+
+    def step(self, action: str) -> Turn:
+        return Turn(done=True)
+
+
 class Environment(Protocol):
     name: str
     rubric: Rubric
+    max_turns: int  # actions per episode at most; the episode is cut (truncated) after that
+    action_stop: tuple[str, ...]  # strings that end one action (a tool call), besides the end token
+
+    def start(self, task: Task) -> Episode:
+        """A fresh episode of `task`."""
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split ('train' or 'eval'); the splits never share a task."""
 
     def reference_completion(self, task: Task) -> str:
-        """The oracle's completion for a task (teacher traces, env tests)."""
+        """The oracle's transcript of a task (actions and observations; teacher traces, env tests)."""
 
     def is_correct(self, completion: str, task: Task) -> bool:
         """Whether the completion's final answer is right."""

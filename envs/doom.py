@@ -10,7 +10,10 @@ however repetitive; the rubric handles that case (e.g. several final answers).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_THINK_TAG = re.compile(r"</?think>")
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,24 @@ def repetition_excess(text: str, n: int, threshold: float) -> float:
     repeated word n-grams, (f − threshold) / (1 − threshold) when f > threshold, else 0."""
     repeated = repeated_ngram_fraction(text.split(), n)
     return max(0.0, repeated - threshold) / (1.0 - threshold)
+
+
+def trace_is_valid(text: str, truncated: bool) -> bool:
+    """Reasoning-trace validation: the trajectory reached its end, every <think> block is
+    closed before the next opens, and something (the answer) follows the last one."""
+    if truncated:
+        return False
+    depth = 0
+    for tag in _THINK_TAG.findall(text):
+        depth += 1 if tag == "<think>" else -1
+        if depth not in (0, 1):
+            return False
+    if depth:
+        return False
+    return "</think>" not in text or bool(text.rsplit("</think>", 1)[1].strip())
+
+
+def overlong_excess(length: int, max_tokens: int, buffer: int) -> float:
+    """DAPO soft overlong term in [0, 1] (used with a negative weight): 0 up to max_tokens − buffer,
+    rising linearly to 1 at max_tokens (an action cut by the budget gets 1)."""
+    return min(1.0, max(0.0, (length - (max_tokens - buffer)) / buffer))

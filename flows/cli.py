@@ -14,6 +14,8 @@ DEFAULT_STORE = "file://.posttrain/store"
 _QUIET_DEFAULTS = {
     "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GX_ANALYTICS_ENABLED": "False",
     "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+    # Prefect gives its temporary server 20 s to start, too little on a busy 2-core machine
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
 }
 
 

@@ -11,6 +11,7 @@ from prefect.states import Failed
 
 from artifacts.refs import hash_value
 from artifacts.store import Store, now_iso
+from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, parse_spec, topological_order
 from models.loading import base_identity
 from tasks.runner import code_version, run_stage, stage_cache_key
@@ -79,6 +80,8 @@ def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str):
                           metrics=result["metrics"], compute_seconds=result.get("compute_seconds"))
             output_of[stage.id] = next(iter(result["outputs"].values()))
             logger.info(f"{stage.id}: {record['state']} -> {', '.join(result['outputs'].values())}")
+            # cached stages too: the artifact belongs to this flow run, whose UI should show it
+            publish_reports(store, pipeline.name, stage.id, result["outputs"])
         else:
             record.update(state="failed", outputs={}, metrics={}, error=_state_error(state))
             logger.error(f"{stage.id}: failed: {record['error']}")

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifacts.store import credential_keys
-from envs.loader import EnvConfig
+from envs.loader import EnvConfig, make_env
 from models.config import ModelConfig
 from tasks.config import STAGE_OUTPUT, Defaults, StageConfig
 
@@ -160,6 +160,15 @@ def _check_graph(spec: PipelineSpec) -> None:
                                 f"a {wanted} is expected here")
     _check_acyclic(spec, index)
     _check_pairable(spec, index)
+    _check_single_turn_generate(spec)
+
+
+def _check_single_turn_generate(spec: PipelineSpec) -> None:
+    """`generate` writes one completion per sample; a multi-turn env's episodes need the rl loop."""
+    for i, stage in enumerate(spec.stages):
+        if stage.kind == "generate" and make_env(stage.env, spec.envs[stage.env]).max_turns > 1:
+            raise SpecError(f"stages[{i}].env: env {stage.env!r} is multi-turn; generate stages take "
+                            "single-turn envs only (train multi-turn envs with an rl stage)")
 
 
 def _check_pairable(spec: PipelineSpec, index: dict[str, int]) -> None:

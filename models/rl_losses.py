@@ -32,6 +32,50 @@ def group_advantages(rewards, group_size: int, scale: str = "group"):
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+def rewards_to_go(step_rewards: list[float], gamma: float = 1.0) -> list[float]:
+    """R_k = Σ_{j ≥ k} γ^(j−k) · r_j for each step k of one trajectory."""
+    returns, running = [], 0.0
+    for reward in reversed(step_rewards):
+        running = reward + gamma * running
+        returns.append(running)
+    return returns[::-1]
+
+
+def step_advantages(step_rewards: list[list[float]], group_size: int, gamma: float = 1.0,
+                    scale: str = "group") -> list[list[float]]:
+    """StepPO's critic-free step advantages, one per step of each trajectory.
+
+    A_k = (R_k − mean_G) / (std_G + 1e-4), R_k the reward-to-go of step k, mean_G and the
+    unbiased std_G over the rewards-to-go of every step of every trajectory in the prompt group
+    (trajectories laid out group by group, `group_size` per prompt); `batch` takes the std over
+    the whole batch and `none` drops the division. A NaN reward-to-go gets advantage 0 and is
+    left out of the statistics.
+    """
+    import torch
+
+    returns = [rewards_to_go(rewards, gamma) for rewards in step_rewards]
+    flat = torch.tensor([r for trajectory in returns for r in trajectory], dtype=torch.float64)
+    group_of = torch.tensor([i // group_size for i, trajectory in enumerate(returns) for _ in trajectory])
+    advantages = torch.zeros_like(flat)
+    for group in group_of.unique():
+        rows = group_of == group
+        values = flat[rows]
+        centered = values - values.nanmean()
+        if scale == "group":
+            centered = centered / (_nanstd(values.view(1, -1), dim=1) + ADVANTAGE_EPS)
+        advantages[rows] = centered
+    if scale == "batch":
+        advantages = advantages / (_nanstd(flat.view(1, -1), dim=1) + ADVANTAGE_EPS)
+    elif scale not in ("group", "none"):
+        raise ValueError(f"unknown reward scaling {scale!r}")
+    advantages = torch.nan_to_num(advantages, nan=0.0).tolist()
+    out, start = [], 0
+    for trajectory in returns:
+        out.append(advantages[start:start + len(trajectory)])
+        start += len(trajectory)
+    return out
+
+
 def _nanstd(values, dim: int):
     """Unbiased std over the non-NaN entries along `dim`."""
     count = (~values.isnan()).sum(dim=dim)

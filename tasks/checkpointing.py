@@ -22,7 +22,7 @@ _STEP = re.compile(r"^step-(\d+)$")
 class Resumed:
     step: int
     model_dir: Path
-    state: dict  # optimizer, scheduler, rng, history
+    state: dict  # optimizer, scheduler, rng, history, promoted
 
 
 def rng_state() -> dict:
@@ -57,6 +57,22 @@ def save(ctx: StageContext, step: int, model, state: dict, keep: int = 1) -> Non
     shutil.rmtree(local, ignore_errors=True)
     for old in _completed_steps(ctx)[:-keep]:
         ctx.store.remove(f"{ctx.scratch}/step-{old}")
+
+
+def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict) -> str:
+    """Commit the weights at `step` as the checkpoint artifact `<pipeline>/<stage>.step-<step>`.
+
+    It is an ordinary checkpoint (loadable, evaluable, in lineage) that outlives the stage
+    even if a later step fails; the same weights committed again give the same ref.
+    """
+    local = ctx.workdir / "promote" / f"step-{step}"
+    shutil.rmtree(local, ignore_errors=True)
+    model.save_pretrained(str(local))
+    tokenizer.save_pretrained(str(local))
+    ref = ctx.store.commit(f"{ctx.pipeline}/{ctx.stage_id}.step-{step}", "checkpoint", local, producer=ctx.producer,
+                           inputs=ctx.inputs, metrics={"promoted_at_step": step, **last_metrics})
+    shutil.rmtree(local, ignore_errors=True)
+    return str(ref)
 
 
 def _completed_steps(ctx: StageContext) -> list[int]:

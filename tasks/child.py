@@ -71,14 +71,14 @@ def execute(request: dict) -> dict:
     ctx = StageContext(store=store, pipeline=request["pipeline"], run_id=request["run_id"], stage_id=stage.id,
                        cache_key=request["cache_key"], model=ModelConfig.model_validate(request["model"]),
                        envs={k: ENV_CONFIG.validate_python(v) for k, v in request["envs"].items()},
-                       inputs=request["inputs"], workdir=workdir)
+                       inputs=request["inputs"], workdir=workdir, producer=request["producer"])
     began = time.monotonic()
     try:
         outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)
         compute = time.monotonic() - began
         checked = {key: output.contract_summary or contracts.check(ctx, output, stage.contract)
                    for key, output in outputs.items() if output.contract is not None}
-        refs = commit_outputs(ctx, outputs, checked, request["producer"])
+        refs = commit_outputs(ctx, outputs, checked, ctx.producer)
         metrics = {}
         for output in outputs.values():
             metrics.update(output.metrics)

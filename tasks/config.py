@@ -132,15 +132,42 @@ class AntiDoom(BaseModel):
     ngram: int = Field(4, ge=1)
     threshold: float = Field(0.2, ge=0, lt=1)  # share of repeated n-grams tolerated before any penalty
     penalty: float = Field(0.5, ge=0)  # weight of the penalty in the reward (0: only the `repetition` metric)
+    # a trajectory that never reaches its end, or leaves a <think> block open, earns none of
+    # the rubric's positive terms (its penalties still apply)
+    validate_trace: bool = True
+
+
+class DynamicSampling(BaseModel):
+    """DAPO's dynamic sampling: groups whose rewards are all equal carry no signal; drop them and
+    draw more prompts, at most `max_rounds` draws per step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_rounds: int = Field(3, ge=1)
+
+
+class Overlong(BaseModel):
+    """DAPO's soft overlong shaping: a penalty ramping from 0 to `penalty` over the last `buffer`
+    tokens of the `max_tokens` budget (the full penalty for a cut-off action)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    buffer: int = Field(16, gt=0)
+    penalty: float = Field(1.0, ge=0)
 
 
 class RlStage(TrainStage):
-    """On-policy RL from verifiable rewards (GRPO family) over a weighted mix of environments."""
+    """On-policy RL from verifiable rewards over a weighted mix of environments.
+
+    `grpo`: one training row per trajectory (env-written tokens masked), token-level ratio.
+    `steppo`: one row per turn (the action), critic-free step advantages from group-normalized
+    rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO).
+    """
 
     kind: Literal["rl"]
     policy: str
     envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> mixing weight
-    algorithm: Literal["grpo"] = "grpo"
+    algorithm: Literal["grpo", "steppo"] = "grpo"
     loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(8, gt=0)
@@ -149,6 +176,10 @@ class RlStage(TrainStage):
     epsilon_high: float = Field(0.28, ge=0)
     beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    num_iterations: int = Field(1, ge=1)  # updates per batch; the ratio's old policy is the sampling one
+    gamma: float = Field(1.0, gt=0, le=1)  # steppo: discount of the reward-to-go
+    dynamic_sampling: DynamicSampling | None = None
+    overlong: Overlong | None = None
     mask_truncated: bool = False  # completions cut by max_tokens add no gradient
     temperature: float = Field(1.0, gt=0)
     max_tokens: int = Field(64, gt=0)
@@ -161,6 +192,8 @@ class RlStage(TrainStage):
     def _clip_range(self):
         if self.epsilon_high < self.epsilon_low:
             raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon_low ({self.epsilon_low})")
+        if self.overlong is not None and self.overlong.buffer >= self.max_tokens:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
         return self
 
     def env_refs(self):

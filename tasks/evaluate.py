@@ -1,7 +1,9 @@
 """`evaluate`: held-out metrics per checkpoint and env.
 
 Per checkpoint and env: greedy accuracy, format rate, doom-loop rate (greedy), mean
-completion tokens, truncation rate, reward-function errors, and sampled accuracy. The
+completion tokens (the policy's), mean turns, truncation rate, reward-function errors, and
+sampled accuracy. Episodes are played through the env's protocol (tasks/rollouts.py), so
+multi-turn envs are evaluated the way they are trained. The
 per-completion rows are the stage's evaluation-results dataset.
 """
 
@@ -14,22 +16,25 @@ from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
-from models.sampling import generate
+from models.sampling import SamplingParams
 from tasks.config import EvaluateStage
 from tasks.datasets import write_rows
+from tasks.rollouts import LocalPolicy, roll_out
 from tasks.stage import StageContext, StageOutput
 
 
-def score_rows(env, tasks, generations, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:
+def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:
     rows = []
-    for task, gen in zip(tasks, generations):
-        score = env.rubric.score(gen.text, task)
+    for trajectory in trajectories:
+        task, text = trajectory.task, trajectory.text
+        score = env.rubric.score(text, task)
         rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
-                     "prompt": task.prompt, "answer": task.answer, "completion": gen.text,
-                     "reward": score.total, "correct": env.is_correct(gen.text, task),
-                     "formatted": env.is_formatted(gen.text, task),
-                     "doom_loop": detector.is_loop(gen.text, gen.finish_reason == "length"),
-                     "finish_reason": gen.finish_reason, "completion_tokens": len(gen.token_ids),
+                     "prompt": task.prompt, "answer": task.answer, "completion": text,
+                     "reward": score.total, "correct": env.is_correct(text, task),
+                     "formatted": env.is_formatted(text, task),
+                     "doom_loop": detector.is_loop(text, trajectory.truncated),
+                     "finish_reason": "length" if trajectory.truncated else "stop",
+                     "completion_tokens": trajectory.completion_tokens, "turns": len(trajectory.turns),
                      "reward_errors": len(score.errors)})
     return rows
 
@@ -42,6 +47,7 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
         "doom_loop_rate": sum(r["doom_loop"] for r in greedy) / n,
         "mean_completion_tokens": sum(r["completion_tokens"] for r in greedy) / n,
         "truncated_rate": sum(r["finish_reason"] == "length" for r in greedy) / n,
+        "mean_turns": sum(r["turns"] for r in greedy) / n,
         "mean_reward": _mean_finite(r["reward"] for r in greedy),
         "reward_errors": sum(r["reward_errors"] for r in greedy + sampled),
         "n": n,
@@ -67,18 +73,15 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
         for env_id in stage.envs:
             env = make_env(env_id, ctx.envs[env_id])
             tasks = env.tasks("eval", stage.n, stage.seed)
-            prompts = [t.prompt for t in tasks]
             began = time.monotonic()
-            greedy = score_rows(env, tasks, generate(model, tokenizer, prompts, max_new_tokens=stage.max_new_tokens,
-                                                     batch_size=stage.batch_size),
+            policy = LocalPolicy(model, tokenizer, stage.batch_size)
+            greedy = score_rows(env, roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_new_tokens)),
                                 checkpoint=checkpoint, mode="greedy", detector=detector)
             sampled = []
             if stage.sampled is not None:
-                sampled = score_rows(env, tasks, generate(
-                    model, tokenizer, prompts, max_new_tokens=stage.max_new_tokens,
-                    temperature=stage.sampled.temperature, top_p=stage.sampled.top_p,
-                    batch_size=stage.batch_size, seed=stage.seed), checkpoint=checkpoint, mode="sampled",
-                    detector=detector)
+                params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
+                sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
+                                     checkpoint=checkpoint, mode="sampled", detector=detector)
             metrics[checkpoint][env_id] = summarize(greedy, sampled)
             rows += greedy + sampled
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "

@@ -142,7 +142,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     pairs_output.contract_summary = contracts.check(ctx, pairs_output, stage.contract)  # before any training
 
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
-    training = start_training(ctx, stage, source, total_steps(stage, len(pairs)))
+    training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)
     for step in range(training.start, training.steps):
         batch = batch_indices(len(pairs), stage.batch_size, stage.seed, step)
         metrics, tokens = train_step(training.model, [chosen[i] for i in batch], [rejected[i] for i in batch],
@@ -150,9 +150,8 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
                                      training.accelerator, training.optimizer, training.scheduler)
         training.record(step, tokens, **metrics)
 
-    out_dir = ctx.workdir / "checkpoint"
     last = training.history[-1]
-    metrics = {**training.save(tokenizer, out_dir), "method": stage.method, "beta": stage.beta,
-               "final_loss": last["loss"], "final_reward_accuracy": last["reward_accuracy"], "pairs": stats.pairs,
-               "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected))}
-    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics), "pairs": pairs_output}
+    outputs = training.finish({"method": stage.method, "beta": stage.beta, "final_loss": last["loss"],
+                               "final_reward_accuracy": last["reward_accuracy"], "pairs": stats.pairs,
+                               "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected))})
+    return {**outputs, "pairs": pairs_output}

@@ -1,13 +1,12 @@
-"""`rl`: on-policy RL from verifiable rewards (GRPO family), resumable like sft.
+"""`rl`: on-policy RL from verifiable rewards (GRPO family, StepPO), resumable like sft.
 
-Each step: draw `prompts_per_step` train tasks from the env mix by weight, sample
-`group_size` completions of each with the generation engine, score them with the env's
-rubric (plus the anti-doom repetition penalty), turn rewards into group advantages, and take
-one clipped policy-gradient step (models/rl_losses.py). The prompts of a step are a pure
-function of (seed, step), so a resumed stage draws exactly what it would have drawn.
-
-One update per batch for now: the old policy is the current one, so the ratio is 1 and the
-clip range (and the clip-fraction metric) only starts to matter with `num_iterations`.
+Each step: draw `prompts_per_step` train tasks from the env mix by weight, play `group_size`
+episodes of each (tasks/rollouts.py, single- or multi-turn), score them (the env's rubric,
+the anti-doom repetition penalty, trace validation, overlong shaping), drop the groups without
+signal when dynamic sampling is on (and draw more), turn rewards into advantages and rows
+(tasks/rl_batch.py) and take `num_iterations` clipped policy-gradient steps on them
+(models/rl_losses.py). The prompts of a step are a pure function of (seed, step, draw), so a
+resumed stage draws exactly what it would have drawn.
 """
 
 from __future__ import annotations
@@ -17,13 +16,14 @@ import random
 from dataclasses import dataclass
 
 from envs.base import RewardFunc, Rubric
-from envs.doom import DoomLoopDetector, repetition_excess
+from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
-from models.losses import token_logps
-from models.rl_losses import group_advantages, grpo_loss, kl_k3
-from models.sampling import SamplingParams, chat_prompt, generate_tokens, left_padded
+from models.rl_losses import grpo_loss, kl_k3
+from models.sampling import SamplingParams
 from tasks.config import RlStage
+from tasks.rl_batch import completion_logps, padded_rows, training_rows
+from tasks.rollouts import LocalPolicy, Trajectory, roll_out
 from tasks.stage import StageContext, StageOutput
 from tasks.training import optimizer_step, start_training
 
@@ -31,14 +31,18 @@ TASK_POOL = 4096  # train tasks drawn per env; steps sample from it
 
 
 @dataclass
-class Rollout:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    truncated: bool
-    reward: float  # NaN when a weighted reward function raised
+class Scored:
+    trajectory: Trajectory
+    step_rewards: list[float]  # per turn; the last holds the rubric's shaped score (NaN if a reward raised)
     correct: bool
     doom_loop: bool
     repetition: float  # the anti-doom term before its weight (0 without anti_doom)
+    overlong: float  # the overlong term before its weight (0 without overlong)
+    valid_trace: bool
+
+    @property
+    def reward(self) -> float:
+        return sum(self.step_rewards)
 
 
 def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
@@ -46,94 +50,143 @@ def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
     if stage.anti_doom is None:
         return rubric
     doom = stage.anti_doom
-    penalty = RewardFunc("repetition", lambda completion, task: repetition_excess(completion, doom.ngram,
-                                                                                 doom.threshold), -doom.penalty)
-    return Rubric([*rubric.funcs, penalty])
+
+    def repetition(completion, task):
+        return repetition_excess(completion, doom.ngram, doom.threshold)
+
+    return Rubric([*rubric.funcs, RewardFunc("repetition", repetition, -doom.penalty)])
 
 
-def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int):
+def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage,
+                     detector: DoomLoopDetector) -> Scored:
+    text, task = trajectory.text, trajectory.task
+    score = rubric.score(text, task)
+    valid = trace_is_valid(text, trajectory.truncated)
+    total = score.total if valid or stage.anti_doom is None or not stage.anti_doom.validate_trace \
+        else rubric.penalties(score)
+    overlong = 0.0
+    if stage.overlong is not None:
+        overlong = max(overlong_excess(len(turn.action_ids), stage.max_tokens, stage.overlong.buffer)
+                       for turn in trajectory.turns)
+        total -= stage.overlong.penalty * overlong
+    step_rewards = [turn.reward for turn in trajectory.turns]
+    step_rewards[-1] += total
+    return Scored(trajectory, step_rewards, env.is_correct(text, task), detector.is_loop(text, trajectory.truncated),
+                  score.rewards.get("repetition", 0.0), overlong, valid)
+
+
+def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0):
     """(env id, task) pairs of a step: envs drawn by weight, tasks drawn from the env's pool."""
-    draw = random.Random(f"rl:{seed}:{step}")
-    env_ids = draw.choices(list(weights), weights=list(weights.values()), k=count)
-    return [(env_id, pools[env_id][draw.randrange(len(pools[env_id]))]) for env_id in env_ids]
+    rng = random.Random(f"rl:{seed}:{step}" + (f":{draw}" if draw else ""))
+    env_ids = rng.choices(list(weights), weights=list(weights.values()), k=count)
+    return [(env_id, pools[env_id][rng.randrange(len(pools[env_id]))]) for env_id in env_ids]
 
 
-def padded_batch(rollouts: list[Rollout], pad_id: int, device):
-    """Left-padded prompts and right-padded completions, with their masks."""
-    import torch
-
-    prompt, prompt_mask = left_padded([r.prompt_ids for r in rollouts], pad_id, device)
-    width = max(len(r.completion_ids) for r in rollouts)
-    completion = torch.full((len(rollouts), width), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros_like(completion)
-    for row, r in enumerate(rollouts):
-        completion[row, :len(r.completion_ids)] = torch.tensor(r.completion_ids)
-        completion_mask[row, :len(r.completion_ids)] = 1
-    return prompt, prompt_mask, completion.to(device), completion_mask.to(device)
-
-
-def completion_logps(model, prompt, prompt_mask, completion, completion_mask, temperature: float):
-    """Per-token log-probs [B, T] of the completion tokens under the temperature-scaled policy."""
-    import torch
-
-    ids = torch.cat([prompt, completion], dim=1)
-    mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as the sampler numbers left-padded prompts
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    return token_logps(logits[:, prompt.size(1) - 1:-1].float() / temperature, completion)
-
-
-def sample_rollouts(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, step: int,
-                    detector: DoomLoopDetector) -> list[Rollout]:
-    model.eval()
-    prompts = [chat_prompt(tokenizer, task.prompt) for _, task in picked]
-    generations = generate_tokens(model, tokenizer, [p for p in prompts for _ in range(stage.group_size)],
-                                  SamplingParams(stage.max_tokens, stage.temperature),
-                                  batch_size=len(prompts) * stage.group_size, seed=stage.seed * 1_000_003 + step)
+def sample_groups(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, seed: int,
+                  detector: DoomLoopDetector) -> list[list[Scored]]:
+    """`group_size` scored episodes of each picked task, one group per task, in picked order."""
+    params = SamplingParams(stage.max_tokens, stage.temperature)
+    scored: dict[int, list[Scored]] = {}
+    for env_id, env in envs.items():
+        indices = [i for i, (picked_env, _) in enumerate(picked) if picked_env == env_id]
+        if not indices:
+            continue
+        tasks = [picked[i][1] for i in indices for _ in range(stage.group_size)]
+        trajectories = roll_out(LocalPolicy(model, tokenizer, len(tasks)), tokenizer, env, tasks, params, seed=seed)
+        for k, i in enumerate(indices):
+            group = trajectories[k * stage.group_size:(k + 1) * stage.group_size]
+            scored[i] = [score_trajectory(t, env, rubric_of[env_id], stage, detector) for t in group]
     model.train()
-    rollouts = []
-    for i, gen in enumerate(generations):
-        env_id, task = picked[i // stage.group_size]
-        truncated = gen.finish_reason == "length"
-        score = rubric_of[env_id].score(gen.text, task)
-        rollouts.append(Rollout(prompts[i // stage.group_size], gen.token_ids, truncated, score.total,
-                                envs[env_id].is_correct(gen.text, task), detector.is_loop(gen.text, truncated),
-                                score.rewards["repetition"] if stage.anti_doom else 0.0))
-    return rollouts
+    return [scored[i] for i in range(len(picked))]
 
 
-def train_step(training, reference, rollouts: list[Rollout], stage: RlStage, pad_id: int) -> tuple[dict, int]:
-    """One clipped policy-gradient step on a step's rollouts; returns (metrics, completion tokens)."""
+def has_signal(group: list[Scored]) -> bool:
+    rewards = [s.reward for s in group if math.isfinite(s.reward)]
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
+
+
+def collect(model, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int, detector):
+    """The step's training groups, every episode it sampled, and how many draws it took."""
+    kept, sampled, draws = [], [], 0
+    while True:
+        picked = step_tasks(pools, stage.envs, stage.prompts_per_step, stage.seed, step, draws)
+        groups = sample_groups(model, tokenizer, envs, rubric_of, picked, stage,
+                               stage.seed * 1_000_003 + step + draws * 7_919_000, detector)
+        sampled += [s for group in groups for s in group]
+        draws += 1
+        if stage.dynamic_sampling is None:
+            return groups, sampled, draws
+        kept += [group for group in groups if has_signal(group)]
+        if len(kept) >= stage.prompts_per_step or draws >= stage.dynamic_sampling.max_rounds:
+            return kept[:stage.prompts_per_step], sampled, draws
+
+
+def episode_metrics(sampled: list[Scored], prefix: str = "") -> dict:
+    n = len(sampled)
+    finite = [s.reward for s in sampled if math.isfinite(s.reward)]
+    return {f"{prefix}reward": sum(finite) / max(1, len(finite)),
+            f"{prefix}accuracy": sum(s.correct for s in sampled) / n,
+            f"{prefix}doom_loop_rate": sum(s.doom_loop for s in sampled) / n,
+            f"{prefix}truncated_rate": sum(s.trajectory.truncated for s in sampled) / n,
+            f"{prefix}turns": sum(len(s.trajectory.turns) for s in sampled) / n}
+
+
+def batch_metrics(sampled: list[Scored], env_ids: list[str]) -> dict:
+    """Means over every episode a step sampled, overall and per env when there are several."""
+    metrics = {**episode_metrics(sampled),
+               "repetition": sum(s.repetition for s in sampled) / len(sampled),
+               "overlong": sum(s.overlong for s in sampled) / len(sampled),
+               "invalid_trace_rate": sum(not s.valid_trace for s in sampled) / len(sampled)}
+    if len(env_ids) > 1:
+        for env_id in env_ids:
+            mine = [s for s in sampled if s.trajectory.env_id == env_id]
+            if mine:
+                metrics.update(episode_metrics(mine, f"{env_id}/"))
+    return metrics
+
+
+def reference_logps(training, reference, batch, temperature: float):
+    """Log-probs under the KL reference: the frozen input checkpoint, or with LoRA the policy
+    with its adapters disabled."""
     import torch
 
+    with torch.no_grad():
+        if reference is not None:
+            return completion_logps(reference, *batch[:4], temperature)[0]
+        with training.accelerator.unwrap_model(training.model).disable_adapter():
+            return completion_logps(training.model, *batch[:4], temperature)[0]
+
+
+def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, pad_id: int) -> tuple[dict, int]:
+    """`num_iterations` clipped policy-gradient steps on a step's rows; returns (metrics, policy tokens)."""
+    import torch
+
+    rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
+                         stage.mask_truncated)
     device = training.accelerator.device
-    rewards = torch.tensor([r.reward for r in rollouts])
-    advantages = group_advantages(rewards, stage.group_size, stage.scale_rewards).to(device)
-    prompt, prompt_mask, completion, completion_mask = padded_batch(rollouts, pad_id, device)
-    mask = completion_mask.clone()
-    if stage.mask_truncated:
-        mask[torch.tensor([r.truncated for r in rollouts], device=device)] = 0
-    logps = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask, stage.temperature)
-    ref_logps = None
-    if stage.beta:
-        with torch.no_grad():
-            ref_logps = completion_logps(reference, prompt, prompt_mask, completion, completion_mask,
-                                         stage.temperature)
-    loss, clip_fraction = grpo_loss(logps, logps.detach(), advantages, mask, epsilon_low=stage.epsilon_low,
-                                    epsilon_high=stage.epsilon_high, aggregation=stage.loss_aggregation,
-                                    max_completion_length=stage.max_tokens, ref_logps=ref_logps, beta=stage.beta)
-    optimizer_step(training.model, loss, training.accelerator, training.optimizer, training.scheduler)
-    finite = [r.reward for r in rollouts if math.isfinite(r.reward)]
-    metrics = {"loss": loss.item(), "reward": sum(finite) / max(1, len(finite)),
-               "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
-               "doom_loop_rate": sum(r.doom_loop for r in rollouts) / len(rollouts),
-               "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
-               "repetition": sum(r.repetition for r in rollouts) / len(rollouts),
-               "clip_fraction": clip_fraction.item()}
+    batch = padded_rows(rows, pad_id, device)
+    prompt, prompt_mask, completion, completion_mask, loss_mask = batch
+    advantages = torch.tensor([r.advantage for r in rows], device=device)
+    ref_logps = reference_logps(training, reference, batch, stage.temperature) if stage.beta else None
+    old_logps, losses, clip_fractions = None, [], []
+    for iteration in range(stage.num_iterations):
+        logps, entropy = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask,
+                                          stage.temperature, with_entropy=iteration == 0)
+        if old_logps is None:  # the sampling policy: the ratio is 1 on the first pass
+            old_logps, first_entropy = logps.detach(), entropy
+        loss, clip_fraction = grpo_loss(
+            logps, old_logps, advantages, loss_mask, epsilon_low=stage.epsilon_low, epsilon_high=stage.epsilon_high,
+            aggregation=stage.loss_aggregation, max_completion_length=stage.max_tokens, ref_logps=ref_logps,
+            beta=stage.beta, ratio_level="sequence" if stage.algorithm == "steppo" else "token")
+        optimizer_step(training.model, loss, training.accelerator, training.optimizer, training.scheduler)
+        losses.append(loss.item())
+        clip_fractions.append(clip_fraction.item())
+    mask = loss_mask.float()
+    metrics = {"loss": sum(losses) / len(losses), "clip_fraction": sum(clip_fractions) / len(clip_fractions),
+               "entropy": ((first_entropy * mask).sum() / mask.sum().clamp(min=1)).item(), "rows": len(rows)}
     if ref_logps is not None:
-        kl = kl_k3(logps.detach(), ref_logps)
-        metrics["kl"] = ((kl * completion_mask).sum() / completion_mask.sum()).item()
-    return metrics, int(completion_mask.sum())
+        metrics["kl"] = ((kl_k3(old_logps, ref_logps) * mask).sum() / mask.sum().clamp(min=1)).item()
+    return metrics, int(loss_mask.sum())
 
 
 def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
@@ -143,20 +196,26 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     envs = {env_id: make_env(env_id, ctx.envs[env_id]) for env_id in stage.envs}
     rubric_of = {env_id: shaped_rubric(env.rubric, stage) for env_id, env in envs.items()}
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
-    training = start_training(ctx, stage, source, stage.steps)
-    reference = load_model(source, ctx.model).to(training.accelerator.device).eval() if stage.beta else None
+    training = start_training(ctx, stage, source, stage.steps, tokenizer, updates_per_step=stage.num_iterations)
+    policy = training.accelerator.unwrap_model(training.model)
+    lora = ctx.model.lora is not None
+    reference = load_model(source, ctx.model).to(training.accelerator.device).eval() if stage.beta and not lora \
+        else None
     detector = DoomLoopDetector()
     for step in range(training.start, stage.steps):
-        picked = step_tasks(pools, stage.envs, stage.prompts_per_step, stage.seed, step)
-        rollouts = sample_rollouts(training.accelerator.unwrap_model(training.model), tokenizer, envs, rubric_of,
-                                   picked, stage, step, detector)
-        metrics, tokens = train_step(training, reference, rollouts, stage, tokenizer.pad_token_id)
-        training.record(step, tokens, **metrics)
-    out_dir = ctx.workdir / "checkpoint"
+        groups, sampled, draws = collect(policy, tokenizer, envs, rubric_of, pools, stage, step, detector)
+        metrics = batch_metrics(sampled, list(stage.envs))
+        completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
+        if groups:  # empty when dynamic sampling found no group with signal within its draws
+            update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
+            metrics.update(update)
+        if stage.dynamic_sampling is not None:
+            metrics.update(kept_groups=len(groups), draws=draws)
+        training.record(step, completion_tokens, **metrics)
     history = training.history
     last = history[-10:]
-    metrics = {**training.save(tokenizer, out_dir), "algorithm": stage.algorithm,
-               "final_reward": sum(h["reward"] for h in last) / len(last),
-               "final_accuracy": sum(h["accuracy"] for h in last) / len(last),
-               "first_reward": history[0]["reward"]}
-    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics)}
+    return training.finish({"algorithm": stage.algorithm,
+                            "final_reward": sum(h["reward"] for h in last) / len(last),
+                            "final_accuracy": sum(h["accuracy"] for h in last) / len(last),
+                            "first_reward": history[0]["reward"],
+                            "completion_tokens": sum(h["tokens"] for h in history)})

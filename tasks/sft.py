@@ -67,14 +67,11 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     tokenizer = load_tokenizer(source)
     rows = read_rows(ctx.fetch(stage.data))
     examples = [encode_example(tokenizer, r["prompt"], r["completion"], stage.max_seq_len) for r in rows]
-    training = start_training(ctx, stage, source, total_steps(stage, len(examples)))
+    training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
         batch = [examples[i] for i in batch_indices(len(examples), stage.batch_size, stage.seed, step)]
         loss, tokens = train_step(training.model, batch, tokenizer.pad_token_id, training.accelerator,
                                   training.optimizer, training.scheduler)
         training.record(step, tokens, loss=loss)
-    out_dir = ctx.workdir / "checkpoint"
-    metrics = {**training.save(tokenizer, out_dir),
-               "final_loss": training.history[-1]["loss"],
-               "examples": len(examples), "truncated_examples": sum(e.truncated for e in examples)}
-    return {"checkpoint": StageOutput("checkpoint", out_dir, metrics)}
+    return training.finish({"final_loss": training.history[-1]["loss"], "examples": len(examples),
+                            "truncated_examples": sum(e.truncated for e in examples)})

@@ -35,6 +35,7 @@ class StageContext:
     envs: dict  # env id -> env config (only the envs the stage names)
     inputs: dict[str, str]  # input stage id -> ref
     workdir: Path  # local scratch folder, removed after the stage
+    producer: dict = field(default_factory=dict)  # provenance written into the manifests of what it commits
     started: float = field(default_factory=time.monotonic)
 
     def log(self, message: str) -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from models.loading import load_model
 from tasks import checkpointing
 from tasks.config import DatasetTrainStage, TrainStage
-from tasks.stage import StageContext
+from tasks.progress import Progress
+from tasks.stage import StageContext, StageOutput
 
 LOG_EVERY = 25
+PROGRESS_METRICS = ("loss", "reward", "accuracy", "reward_accuracy")  # what the progress line shows
 
 
 def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -76,54 +77,78 @@ class Training:
     optimizer: object
     scheduler: object
     accelerator: object
+    tokenizer: object
     start: int = 0
     history: list = field(default_factory=list)
+    promoted: list = field(default_factory=list)  # refs of the in-stage checkpoints committed so far
     tokens_seen: int = 0
     began: float = field(default_factory=time.monotonic)
+    progress: Progress | None = None
 
     def record(self, step: int, tokens: int, **values: float) -> None:
-        """Log step `step` (0-based), and save an in-stage checkpoint when one is due."""
+        """Log step `step` (0-based); save and promote an in-stage checkpoint when one is due."""
         self.tokens_seen += tokens
-        entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()},
-                 "lr": self.scheduler.get_last_lr()[0]}
+        entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()}, "tokens": tokens,
+                 "tokens_per_second": round(self.tokens_per_second, 1), "lr": self.scheduler.get_last_lr()[0]}
         self.history.append(entry)
-        if (step + 1) % LOG_EVERY == 0 or step + 1 == self.steps:
-            shown = " ".join(f"{k} {v:.4f}" for k, v in values.items())
-            self.ctx.log(f"step {step + 1}/{self.steps} {shown} ({self.tokens_per_second:,.0f} tokens/s)")
+        if self.progress is None:
+            self.progress = Progress(self.steps, self.start, self.ctx.stage_id, log_every=LOG_EVERY)
+        self.progress.update(step + 1, **{k: v for k, v in values.items() if k in PROGRESS_METRICS},
+                             tokens_per_second=self.tokens_per_second)
         if (step + 1) % self.stage.checkpoint_every == 0 and step + 1 < self.steps:
-            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "rng": checkpointing.rng_state(), "history": self.history}
-            checkpointing.save(self.ctx, step + 1, self.accelerator.unwrap_model(self.model), state)
+            self._checkpoint(step + 1)
+
+    def _checkpoint(self, step: int) -> None:
+        """Scratch state for a resume, and the weights committed as `<pipeline>/<stage>.step-<n>`."""
+        model = self.accelerator.unwrap_model(self.model)
+        ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1])
+        self.promoted.append(ref)
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "rng": checkpointing.rng_state(), "history": self.history, "promoted": self.promoted}
+        checkpointing.save(self.ctx, step, model, state)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_seen / max(1e-9, time.monotonic() - self.began)
 
-    def save(self, tokenizer, out_dir: Path) -> dict:
-        """Write the trained model (full weights or adapter) with its tokenizer; returns the run metrics."""
+    def finish(self, metrics: dict) -> dict[str, StageOutput]:
+        """The trained model (full weights or adapter, with its tokenizer) and the training report
+        (metrics.jsonl, curves.png, report.md) as the stage's outputs."""
+        from tasks.curves import write_training_report
+
+        out_dir, report_dir = self.ctx.workdir / "checkpoint", self.ctx.workdir / "report"
         self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir))
-        tokenizer.save_pretrained(str(out_dir))
-        return {"steps": self.steps, "resumed_from_step": self.start,
-                "train_tokens_per_second": round(self.tokens_per_second, 1)}
+        self.tokenizer.save_pretrained(str(out_dir))
+        write_training_report(self.history, report_dir, f"{self.ctx.pipeline}/{self.ctx.stage_id}")
+        metrics = {"steps": self.steps, "resumed_from_step": self.start,
+                   "train_tokens_per_second": round(self.tokens_per_second, 1),
+                   "promoted_checkpoints": self.promoted, **metrics}
+        return {"checkpoint": StageOutput("checkpoint", out_dir, metrics),
+                "report": StageOutput("report", report_dir, {})}
 
 
-def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int) -> Training:
-    """Load the model from the stage's last in-stage checkpoint if there is one, else from `source`."""
+def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int, tokenizer,
+                   updates_per_step: int = 1) -> Training:
+    """Load the model from the stage's last in-stage checkpoint if there is one, else from `source`.
+
+    The learning-rate schedule spans `steps * updates_per_step` optimizer updates.
+    """
     import torch
     from accelerate import Accelerator
 
     torch.manual_seed(stage.seed)
     resumed = checkpointing.latest(ctx)
     model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
-    optimizer, scheduler = make_optimizer(model, stage, steps)
+    optimizer, scheduler = make_optimizer(model, stage, steps * updates_per_step)
     accelerator = Accelerator()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator)
+    training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
     if resumed:
         optimizer.load_state_dict(resumed.state["optimizer"])
         scheduler.load_state_dict(resumed.state["scheduler"])
         checkpointing.set_rng_state(resumed.state["rng"])
         training.start, training.history = resumed.step, resumed.state["history"]
+        training.promoted = resumed.state["promoted"]
         ctx.log(f"resuming from in-stage checkpoint at step {resumed.step}/{steps}")
     model.train()
     return training

@@ -8,7 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 for key, value in {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                    "GX_ANALYTICS_ENABLED": "False", "TOKENIZERS_PARALLELISM": "false",
-                   "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
+                   "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                   # a loaded 2-core machine can take longer than Prefect's 20 s to start its temporary server
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
     os.environ[key] = value
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".posttrain" / "test-prefect-home"))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect's sqlite needs the folder

@@ -130,7 +130,7 @@ def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path
     ctx = stage_context(tmp_path, [1.2, 0.0], ModelConfig(base="tiny-llama", lora={"r": 4, "alpha": 8}))
     outputs = run(align_stage(), ctx)
 
-    assert list(outputs) == ["checkpoint", "pairs"]
+    assert list(outputs) == ["checkpoint", "report", "pairs"]
     assert (outputs["checkpoint"].local_dir / "adapter_config.json").exists()
     assert outputs["checkpoint"].metrics["pairs"] == 3 and outputs["checkpoint"].metrics["steps"] == 3
     assert outputs["pairs"].contract_summary["success"] is True  # checked before the first step

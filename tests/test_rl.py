@@ -39,30 +39,92 @@ def test_step_tasks_follow_the_weights_and_are_a_function_of_seed_and_step():
     assert all((env == "a") == (task < 100) for step in picked for env, task in step)
 
 
-def test_rl_stage_trains_and_resumes_from_its_in_stage_checkpoint(tmp_path, capsys):
-    from artifacts.store import Store
+def stage_context(tmp_path, workdir, store, policy_ref, envs, model=None):
     from models.config import ModelConfig
-    from models.presets import materialize
-    from tasks.rl import run
     from tasks.stage import StageContext
 
+    return StageContext(store=store, pipeline="t", run_id="r", stage_id="rl", cache_key="k",
+                        model=model or ModelConfig(), envs=envs, inputs={"sft": str(policy_ref)},
+                        workdir=tmp_path / workdir, producer={"stage_id": "rl"})
+
+
+def committed_policy(tmp_path):
+    from artifacts.store import Store
+    from models.presets import materialize
+
     store = Store(f"file://{tmp_path / 'store'}")
-    policy_ref = store.commit("t/sft", "checkpoint", materialize("tiny-llama"), producer={})
+    return store, store.commit("t/sft", "checkpoint", materialize("tiny-llama"), producer={})
+
+
+def test_rl_stage_trains_and_resumes_from_its_in_stage_checkpoint(tmp_path, capsys):
+    import json
+
+    from models.config import ModelConfig
+    from models.loading import load_model
+    from tasks.rl import run
+
+    store, policy_ref = committed_policy(tmp_path)
     stage = rl_stage(steps=4, prompts_per_step=2, group_size=3, max_tokens=8, checkpoint_every=2, beta=0.04,
                      anti_doom=AntiDoom())
+    envs = {"arith": ENV.config}
 
-    def context(workdir):
-        return StageContext(store=store, pipeline="t", run_id="r", stage_id="rl", cache_key="k",
-                            model=ModelConfig(), envs={"arith": ENV.config}, inputs={"sft": str(policy_ref)},
-                            workdir=tmp_path / workdir)
-
-    first = run(stage, context("w1"))["checkpoint"]
+    outputs = run(stage, stage_context(tmp_path, "w1", store, policy_ref, envs))
+    first = outputs["checkpoint"]
     assert first.metrics["steps"] == 4 and first.metrics["resumed_from_step"] == 0
     assert (first.local_dir / "config.json").exists()
-    assert store.listdir(context("w1").scratch) == ["step-2"]
+    assert store.listdir(stage_context(tmp_path, "w1", store, policy_ref, envs).scratch) == ["step-2"]
+    [promoted] = first.metrics["promoted_checkpoints"]  # step 2 of 4 (the last is the stage's own output)
+    assert promoted.startswith("t/rl.step-2@") and store.manifest(promoted)["metrics"]["promoted_at_step"] == 2
+    assert store.manifest(promoted)["inputs"] == {"sft": str(policy_ref)}
+    load_model(store.fetch(promoted), ModelConfig())
+    history = [json.loads(line) for line in (outputs["report"].local_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    assert all(h["kl"] >= 0 and 0 <= h["entropy"] and h["tokens"] > 0 for h in history)
+    assert (outputs["report"].local_dir / "curves.png").stat().st_size > 1000
+    assert first.metrics["completion_tokens"] == sum(h["tokens"] for h in history)
     capsys.readouterr()
 
-    second = run(stage, context("w2"))["checkpoint"]  # as if the first had been killed after step 2
+    second = run(stage, stage_context(tmp_path, "w2", store, policy_ref, envs))["checkpoint"]  # as if killed at step 2
     assert second.metrics["resumed_from_step"] == 2
     assert "resuming from in-stage checkpoint at step 2/4" in capsys.readouterr().out
     assert second.metrics["first_reward"] == pytest.approx(first.metrics["first_reward"])  # history survived
+    assert second.metrics["promoted_checkpoints"] == [promoted]
+
+
+def read_history(outputs) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (outputs["report"].local_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_and_batch_reuse(tmp_path):
+    from envs.calc import CalcEnvConfig
+    from models.config import LoraConfig, ModelConfig
+    from tasks.rl import run
+
+    store, policy_ref = committed_policy(tmp_path)
+    envs = {"arith": ENV.config, "calc": CalcEnvConfig(kind="calc", max_turns=3)}
+    stage = rl_stage(algorithm="steppo", envs={"arith": 1.0, "calc": 1.0}, steps=2, prompts_per_step=4,
+                     group_size=2, max_tokens=8, beta=0.1, num_iterations=2, anti_doom=AntiDoom())
+    outputs = run(stage, stage_context(tmp_path, "w", store, policy_ref, envs, ModelConfig(lora=LoraConfig(r=4))))
+    assert (outputs["checkpoint"].local_dir / "adapter_config.json").exists()
+    history = read_history(outputs)
+    logged = set().union(*history)
+    assert {"arith/reward", "calc/reward", "calc/turns", "arith/accuracy", "arith/doom_loop_rate"} <= logged
+    for h in history:
+        assert h["rows"] >= 8 and h["kl"] >= 0  # one row per turn; KL to the adapter-disabled policy
+        assert h["invalid_trace_rate"] == 1.0  # 8 tokens never reach an end
+
+
+def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
+    from tasks.config import DynamicSampling, Overlong
+    from tasks.rl import run
+
+    store, policy_ref = committed_policy(tmp_path)
+    # every completion of the untrained model is cut at 8 tokens: the same −0.5 overlong reward for all
+    stage = rl_stage(steps=2, prompts_per_step=2, group_size=2, max_tokens=8,
+                     dynamic_sampling=DynamicSampling(max_rounds=3), overlong=Overlong(buffer=4, penalty=0.5))
+    history = read_history(run(stage, stage_context(tmp_path, "w", store, policy_ref, {"arith": ENV.config})))
+    for h in history:
+        assert h["draws"] == 3 and h["kept_groups"] == 0 and "loss" not in h
+        assert h["overlong"] == 1.0 and h["reward"] == pytest.approx(-0.5)

@@ -94,7 +94,20 @@ CASES = {
         "stages[4].method: Input should be 'dpo', 'ln_dpo' or 'ipo'"),
     "rl unknown algorithm": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"algorithm": "ppo"}]},
-        "stages[3].algorithm: Input should be 'grpo'"),
+        "stages[3].algorithm: Input should be 'grpo' or 'steppo'"),
+    "rl overlong buffer beyond the budget": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"max_tokens": 32, "overlong": {"buffer": 32}}]},
+        "stages[3]: Value error, overlong.buffer (32) must be below max_tokens (32)"),
+    "rl unknown dynamic sampling field": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"dynamic_sampling": {"rounds": 3}}]},
+        "stages[3].dynamic_sampling.rounds: unknown key"),
+    "calc env with one operand": (
+        {**GOOD, "envs": {**GOOD["envs"], "calc": {"kind": "calc", "operands": 1}}},
+        "envs.calc.operands: Input should be greater than or equal to 2"),
+    "generate on a multi-turn env": (
+        {**GOOD, "envs": {**GOOD["envs"], "calc": {"kind": "calc"}},
+         "stages": GOOD["stages"] + [ONPOLICY | {"env": "calc"}]},
+        "stages[3].env: env 'calc' is multi-turn; generate stages take single-turn envs only"),
     "rl env weight 0": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
         "stages[3].envs.arith: Input should be greater than 0"),
@@ -168,4 +181,4 @@ def test_quickstart_spec_is_valid():
     from flows.spec import load_spec
 
     spec, _ = load_spec("pipelines/quickstart.yaml")
-    assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "evaluate"]
+    assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "rl", "evaluate"]

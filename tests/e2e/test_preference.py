@@ -34,7 +34,8 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     kill_once(start("run", spec),
               lambda: list(store.glob("scratch/*/step-*/DONE")) and list(store.glob("artifacts/tiny/onpolicy/*")),
               420, "no in-stage checkpoint of the preference stage appeared")
-    assert not list(store.glob("artifacts/tiny/align*/*/MANIFEST.json"))  # nothing of align committed
+    assert not list(store.glob("artifacts/tiny/align/*/MANIFEST.json"))  # the stage's own output is not there
+    assert not list(store.glob("artifacts/tiny/align.pairs/*/MANIFEST.json"))
 
     rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
@@ -50,6 +51,7 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     # the pairs are committed beside the checkpoint, contract-checked, and in its lineage
     checkpoint_ref, pairs_ref = align["outputs"]["checkpoint"], align["outputs"]["pairs"]
     assert checkpoint_ref.startswith("tiny/align@") and pairs_ref.startswith("tiny/align.pairs@")
+    assert all(ref.startswith("tiny/align.step-") for ref in align["metrics"]["promoted_checkpoints"])
     manifests = Store(f"file://{store}")
     assert manifests.manifest(checkpoint_ref)["inputs"]["align.pairs"] == pairs_ref
     assert manifests.manifest(pairs_ref)["metrics"]["contract"]["success"] is True

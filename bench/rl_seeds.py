@@ -1,0 +1,83 @@
+"""RL's gain over its input checkpoint, and its spread over seeds, on the quickstart.
+
+Runs the quickstart spec with its `rl` stage repeated for each seed (`rl` is seed 0, then
+`rl-seed1`, ...; everything upstream is shared and cached in the store) and one evaluate stage
+over the rl stage's input checkpoint and every seed's result. Reports the held-out greedy
+accuracy gain in points (mean over seeds), with every seed's greedy and sampled accuracy and
+doom-loop rate, so "beyond run-to-run noise" can be read off. No peer.
+
+    python -m bench.rl_seeds [--spec pipelines/quickstart.yaml] [--seeds 3] [--store URI]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from bench.common import RESULTS_DIR, go_offline, make_result, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
+    """The spec with one rl stage per seed and one evaluate stage over all of them."""
+    stages = [s for s in spec["stages"] if s["kind"] != "evaluate"]
+    rl = next(s for s in stages if s["kind"] == "rl")
+    copies = [{**rl, "id": f"{rl['id']}-seed{seed}", "seed": seed} for seed in range(1, seeds)]
+    evaluate = next(s for s in spec["stages"] if s["kind"] == "evaluate")
+    rl_ids = [rl["id"], *(c["id"] for c in copies)]
+    evaluate = {**evaluate, "id": "seeds-eval", "checkpoints": [rl["policy"], *rl_ids]}
+    return {**spec, "stages": [*stages, *copies, evaluate]}, rl_ids, rl["policy"]
+
+
+def run_spec(spec: dict, store: str | None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-rl-seeds-") as tmp:
+        spec_path, summary_path = Path(tmp) / "spec.yaml", Path(tmp) / "summary.json"
+        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        command = [str(Path(sys.executable).with_name("posttrain")), "run", str(spec_path), "--summary-json",
+                   str(summary_path), *(["--store", store] if store else [])]
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        return json.loads(summary_path.read_text())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    go_offline()
+    parser = argparse.ArgumentParser(prog="python -m bench.rl_seeds", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "quickstart.yaml"))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--store", default=None, help="default: the spec's store (reuses what make run cached)")
+    parser.add_argument("--out", default=str(RESULTS_DIR / "rl_seeds.json"))
+    args = parser.parse_args(argv)
+    spec, rl_ids, input_id = seeded_spec(yaml.safe_load(Path(args.spec).read_text()), args.seeds)
+    summary = run_spec(spec, args.store)
+    evaluation = next(s for s in summary["stages"] if s["id"] == "seeds-eval")["metrics"]
+    env = next(iter(evaluation[input_id]))
+    before = evaluation[input_id][env]
+    per_seed = {rl_id: evaluation[rl_id][env] for rl_id in rl_ids}
+    gains = [100 * (m["accuracy"] - before["accuracy"]) for m in per_seed.values()]
+    keep = ("accuracy", "sampled_accuracy", "doom_loop_rate", "format_rate")
+    result = make_result(
+        metric=f"held-out greedy accuracy gain of rl over {input_id} (mean over {args.seeds} seeds)",
+        unit="points", ours=round(statistics.mean(gains), 2), peer=None, peer_name=None, higher_is_better=True,
+        config={"spec": Path(args.spec).name, "env": env, "eval_n": before["n"],
+                "input": {k: before.get(k) for k in keep},
+                "seeds": {rl_id: {k: m.get(k) for k in keep} for rl_id, m in per_seed.items()},
+                "gain_points": [round(g, 2) for g in gains],
+                "gain_std_points": round(statistics.stdev(gains), 2) if len(gains) > 1 else None,
+                "rl_seconds": {s["id"]: s["seconds"] for s in summary["stages"] if s["id"] in rl_ids},
+                "command": f"python -m bench.rl_seeds --seeds {args.seeds}"})
+    path = write_result(result, args.out)
+    print(f"rl gain over {input_id}: {', '.join(f'{g:+.1f}' for g in gains)} points "
+          f"(input {100 * before['accuracy']:.1f}%) -> {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""A terminal progress line for training loops.
+
+On a terminal the line is redrawn in place every step; anywhere else (CI, a stage's child
+process piped into the parent's log) a full line is printed every `log_every` steps and on the
+last, so logs stay short.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+BAR_WIDTH = 20
+
+
+class Progress:
+    """Progress of steps `start + 1 .. total`; a resumed stage passes the step it resumed from."""
+
+    def __init__(self, total: int, start: int, label: str, stream=None, log_every: int = 25,
+                 clock=time.monotonic):
+        self.total, self.start, self.label = max(1, total), start, label
+        self.stream = stream if stream is not None else sys.stdout
+        self.log_every = max(1, log_every)
+        self.clock = clock
+        self.began = clock()
+        self.redraw = _is_tty(self.stream)
+        self.drawn_width = 0  # width of the line on screen (TTY), to blank out what a shorter line leaves
+
+    def update(self, step: int, **metrics: float) -> None:
+        """Report that `step` steps are done (1-based), with the metrics to show beside the bar."""
+        line = self.line(step, metrics)
+        if self.redraw:
+            self.stream.write("\r" + line.ljust(self.drawn_width) + ("\n" if step >= self.total else ""))
+            self.drawn_width = 0 if step >= self.total else len(line)
+        elif step % self.log_every == 0 or step >= self.total:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End a redrawn line that the last step did not end (a loop left early)."""
+        if self.redraw and self.drawn_width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn_width = 0
+
+    def line(self, step: int, metrics: dict) -> str:
+        share = min(1.0, max(0.0, step / self.total))
+        filled = round(share * BAR_WIDTH)
+        parts = [f"[{self.label}] step {step}/{self.total} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
+                 f"{share:4.0%}"]
+        parts += [f"{name} {format_metric(value)}" for name, value in metrics.items()]
+        return " ".join(parts) + " | " + self.speed_and_eta(step)
+
+    def speed_and_eta(self, step: int) -> str:
+        # Only steps done in this process count: a resumed stage's earlier steps took no time here.
+        done_here = step - self.start
+        elapsed = self.clock() - self.began
+        if done_here <= 0 or elapsed <= 0:
+            return "ETA ?"
+        seconds_per_step = elapsed / done_here
+        speed = f"{seconds_per_step:.1f} s/it" if seconds_per_step >= 1 else f"{1 / seconds_per_step:.1f} it/s"
+        return f"{speed} ETA {format_duration(seconds_per_step * max(0, self.total - step))}"
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 2m10s, 1h02m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_metric(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3f}"
+
+
+def _is_tty(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False

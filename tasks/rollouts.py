@@ -1,0 +1,112 @@
+"""Episodes of an environment played by the local model, token in / token out.
+
+Every turn, all running episodes are decoded as one batch until the env's action stop string
+or the end token; the env answers each action, and its observation's tokens are appended to
+that episode's context. Earlier turns are never re-tokenized, so the ids the model is trained
+on are exactly the ids it sampled. A single-turn env is the one-turn case of the same loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from envs.base import Task
+from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
+
+TURN_SEED_STRIDE = 7919  # turn t of a batch decodes with seed + t * stride
+
+
+@dataclass
+class TurnRecord:
+    context_ids: list[int]  # the state: prompt, earlier actions and observations
+    action_ids: list[int]  # what the policy sampled this turn
+    observation_ids: list[int]  # the env's answer (masked from the loss)
+    reward: float  # the env's per-step reward
+    truncated: bool  # the action ran out of max_tokens
+
+
+@dataclass
+class Trajectory:
+    env_id: str
+    task: Task
+    prompt_ids: list[int]
+    turns: list[TurnRecord] = field(default_factory=list)
+    text: str = ""  # the transcript after the prompt: actions and observations, what the rubric scores
+    finished: bool = False  # the env ended the episode (not the token budget or the turn limit)
+
+    @property
+    def truncated(self) -> bool:
+        return not self.finished
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens the policy wrote (observations excluded)."""
+        return sum(len(turn.action_ids) for turn in self.turns)
+
+    def completion(self) -> tuple[list[int], list[int]]:
+        """All ids after the prompt and their loss mask (1 on the policy's tokens, 0 on the env's)."""
+        ids, mask = [], []
+        for turn in self.turns:
+            ids += turn.action_ids + turn.observation_ids
+            mask += [1] * len(turn.action_ids) + [0] * len(turn.observation_ids)
+        return ids, mask
+
+
+@dataclass
+class LocalPolicy:
+    """The policy as a local transformers model, decoded by the generation engine."""
+
+    model: object
+    tokenizer: object
+    batch_size: int = 64
+
+    def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
+            seed: int) -> list[Generation]:
+        return generate_tokens(self.model, self.tokenizer, contexts, params, batch_size=self.batch_size,
+                               seed=seed + turn * TURN_SEED_STRIDE)
+
+
+@dataclass
+class ScriptedPolicy:
+    """Replays a fixed list of actions per episode (an oracle's reference solution, or a no-op):
+    how env mechanics are tested without a trained model. Runs out → an empty action."""
+
+    tokenizer: object
+    scripts: list[list[str]]  # per episode, its actions in order
+
+    def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
+            seed: int) -> list[Generation]:
+        actions = [self.scripts[i][turn] if turn < len(self.scripts[i]) else "" for i in episodes]
+        return [Generation(text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                           + [self.tokenizer.eos_token_id], finish_reason="stop") for text in actions]
+
+
+def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0) -> list[Trajectory]:
+    """Play one episode of `env` per task (repeat a task for a group); returns their trajectories."""
+    params = replace(params, stop=tuple(env.action_stop))
+    episodes = [env.start(task) for task in tasks]
+    trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt)) for task in tasks]
+    contexts = [t.prompt_ids for t in trajectories]
+    running = list(range(len(tasks)))
+    for turn in range(env.max_turns):
+        generations = policy.act(running, [contexts[i] for i in running], turn, params, seed)
+        still_running = []
+        for i, gen in zip(running, generations):
+            action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            truncated = gen.finish_reason == "length"
+            answer = episodes[i].step(action) if not truncated else None
+            observation = answer.observation if answer is not None and not answer.done else ""
+            observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"] if observation else []
+            trajectory = trajectories[i]
+            trajectory.turns.append(TurnRecord(contexts[i], gen.token_ids, observation_ids,
+                                               answer.reward if answer is not None else 0.0, truncated))
+            trajectory.text += action + observation
+            if answer is None or answer.done:
+                trajectory.finished = answer is not None
+            else:
+                contexts[i] = contexts[i] + gen.token_ids + observation_ids
+                still_running.append(i)
+        running = still_running
+        if not running:
+            break
+    return trajectories

@@ -1,0 +1,27 @@
+"""bench/rl_seeds.py on a tiny spec: one rl stage per seed, one evaluation over all of them."""
+
+import json
+
+import pytest
+import yaml
+
+from bench.common import RESULT_KEYS
+from tests.e2e.helpers import tiny_spec
+
+
+def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path):
+    from bench import rl_seeds
+
+    spec = tiny_spec(f"file://{tmp_path / 'store'}")
+    spec["stages"].insert(2, {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
+                              "prompts_per_step": 2, "group_size": 2, "max_tokens": 8})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "rl_seeds.json"
+    result = rl_seeds.main(["--spec", str(path), "--seeds", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and tuple(result) == RESULT_KEYS
+    config = result["config"]
+    assert list(config["seeds"]) == ["rl", "rl-seed1"] and len(config["gain_points"]) == 2
+    assert result["unit"] == "points" and result["peer"] is None and result["ratio"] is None
+    gains = [100 * (m["accuracy"] - config["input"]["accuracy"]) for m in config["seeds"].values()]
+    assert result["ours"] == pytest.approx(sum(gains) / 2, abs=0.01) and config["eval_n"] == 16
