@@ -64,7 +64,7 @@ class CalcEpisode:
 
 
 def correctness(transcript: str, task: Task) -> float:
-    """1 when the transcript ends with exactly one final answer and it is right."""
+    """1 when the transcript holds exactly one final answer and it is right (answer spam does not pay)."""
     answers = _FINAL.findall(transcript)
     return float(len(answers) == 1 and answers[0] == task.answer)
 

@@ -174,13 +174,13 @@ class RlStage(TrainStage):
     group_size: int = Field(8, ge=2)
     epsilon_low: float = Field(0.2, ge=0, lt=1)  # clip range (binds once a batch is reused)
     epsilon_high: float = Field(0.28, ge=0)
-    beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint
+    beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint (with LoRA: the adapter-disabled base)
     scale_rewards: Literal["group", "batch", "none"] = "group"
     num_iterations: int = Field(1, ge=1)  # updates per batch; the ratio's old policy is the sampling one
     gamma: float = Field(1.0, gt=0, le=1)  # steppo: discount of the reward-to-go
     dynamic_sampling: DynamicSampling | None = None
     overlong: Overlong | None = None
-    mask_truncated: bool = False  # completions cut by max_tokens add no gradient
+    mask_truncated: bool = False  # actions cut by max_tokens add no gradient (grpo: their whole trajectory)
     temperature: float = Field(1.0, gt=0)
     max_tokens: int = Field(64, gt=0)
     anti_doom: AntiDoom | None = None

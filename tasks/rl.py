@@ -62,8 +62,9 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
     text, task = trajectory.text, trajectory.task
     score = rubric.score(text, task)
     valid = trace_is_valid(text, trajectory.truncated)
-    total = score.total if valid or stage.anti_doom is None or not stage.anti_doom.validate_trace \
-        else rubric.penalties(score)
+    total = score.total
+    if not valid and stage.anti_doom is not None and stage.anti_doom.validate_trace and math.isfinite(total):
+        total = rubric.penalties(score)  # a reward function that raised stays NaN: never a silent value
     overlong = 0.0
     if stage.overlong is not None:
         overlong = max(overlong_excess(len(turn.action_ids), stage.max_tokens, stage.overlong.buffer)
@@ -176,7 +177,8 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
             old_logps, first_entropy = logps.detach(), entropy
         loss, clip_fraction = grpo_loss(
             logps, old_logps, advantages, loss_mask, epsilon_low=stage.epsilon_low, epsilon_high=stage.epsilon_high,
-            aggregation=stage.loss_aggregation, max_completion_length=stage.max_tokens, ref_logps=ref_logps,
+            aggregation=stage.loss_aggregation, ref_logps=ref_logps,
+            max_completion_length=max(stage.max_tokens, completion.size(1)),  # a multi-turn grpo row is longer
             beta=stage.beta, ratio_level="sequence" if stage.algorithm == "steppo" else "token")
         optimizer_step(training.model, loss, training.accelerator, training.optimizer, training.scheduler)
         losses.append(loss.item())

@@ -35,7 +35,7 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
         rows = []
         for s, advantage in zip(scored, advantages):
             ids, mask = s.trajectory.completion()
-            if mask_truncated and s.trajectory.truncated:
+            if mask_truncated and any(turn.truncated for turn in s.trajectory.turns):
                 mask = [0] * len(mask)
             rows.append(Row(s.trajectory.prompt_ids, ids, mask, advantage))
         return rows

@@ -1,5 +1,7 @@
 """The RL stage's pieces on toy objects, and the stage function on the tiny preset."""
 
+import math
+
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
@@ -128,3 +130,29 @@ def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
     for h in history:
         assert h["draws"] == 3 and h["kept_groups"] == 0 and "loss" not in h
         assert h["overlong"] == 1.0 and h["reward"] == pytest.approx(-0.5)
+
+
+def test_trace_validation_keeps_penalties_and_a_raised_reward_stays_nan():
+    from envs.base import RewardFunc, Rubric
+    from envs.doom import DoomLoopDetector
+    from tasks.rl import score_trajectory
+    from tasks.rollouts import Trajectory, TurnRecord
+
+    task = ENV.tasks("train", 1, 0)[0]
+    answer = ENV.reference_completion(task)
+    looping = answer + " The answer is correct." * 6
+
+    def cut(text):  # an episode whose only action ran out of tokens
+        return Trajectory("arith", task, [1], [TurnRecord([1], [5] * 64, [], 0.0, True)], text, finished=False)
+
+    stage = rl_stage(anti_doom=AntiDoom(penalty=0.5))
+    shaped = shaped_rubric(ENV.rubric, stage)
+    scored = score_trajectory(cut(looping), ENV, shaped, stage, DoomLoopDetector())
+    assert not scored.valid_trace and scored.correct  # right answer, but the trace never ended
+    assert scored.reward == pytest.approx(-0.5 * scored.repetition) and scored.repetition > 0
+    raising = Rubric([*shaped.funcs, RewardFunc("judge", lambda c, t: 1 / 0, 1.0)])
+    assert math.isnan(score_trajectory(cut(looping), ENV, raising, stage, DoomLoopDetector()).reward)
+    unchecked = rl_stage(anti_doom=AntiDoom(penalty=0.5, validate_trace=False))
+    # unchecked, the cut trace is paid for its answer (correct 1, format 0: the trailing checks break it)
+    assert score_trajectory(cut(looping), ENV, shaped, unchecked, DoomLoopDetector()).reward == pytest.approx(
+        1.0 - 0.5 * scored.repetition)
