@@ -83,7 +83,7 @@ class Training:
     promoted: list = field(default_factory=list)  # refs of the in-stage checkpoints committed so far
     tokens_seen: int = 0
     began: float = field(default_factory=time.monotonic)
-    progress: Progress | None = None
+    progress: Progress | None = None  # set by start_training, once the resumed step is known
 
     def record(self, step: int, tokens: int, **values: float) -> None:
         """Log step `step` (0-based); save and promote an in-stage checkpoint when one is due."""
@@ -91,8 +91,6 @@ class Training:
         entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()}, "tokens": tokens,
                  "tokens_per_second": round(self.tokens_per_second, 1), "lr": self.scheduler.get_last_lr()[0]}
         self.history.append(entry)
-        if self.progress is None:
-            self.progress = Progress(self.steps, self.start, self.ctx.stage_id, log_every=LOG_EVERY)
         self.progress.update(step + 1, **{k: v for k, v in values.items() if k in PROGRESS_METRICS},
                              tokens_per_second=self.tokens_per_second)
         if (step + 1) % self.stage.checkpoint_every == 0 and step + 1 < self.steps:
@@ -150,5 +148,6 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
         training.start, training.history = resumed.step, resumed.state["history"]
         training.promoted = resumed.state["promoted"]
         ctx.log(f"resuming from in-stage checkpoint at step {resumed.step}/{steps}")
+    training.progress = Progress(steps, training.start, ctx.stage_id, log_every=LOG_EVERY)
     model.train()
     return training
