@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import RewardFunc, Rubric, SingleTurn, Task
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SingleTurn, SubPolicy, Task
 
 PROMPT = "I have a great question: what is {a}{op}{b}?"
 COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}.{checks} The final answer is {c}."
@@ -39,18 +39,18 @@ def final_answers(completion: str) -> list[str]:
     return _FINAL.findall(completion)
 
 
-def correctness(completion: str, task: Task) -> float:
+def correctness(completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     """1 when there is exactly one final answer and it is right (answer spam does not pay)."""
     answers = final_answers(completion)
     return float(len(answers) == 1 and answers[0] == task.answer)
 
 
-def format_ok(completion: str, task: Task) -> float:
+def format_ok(completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     match = _FORMAT.fullmatch(completion.strip())
     return float(bool(match) and match.group(4) == match.group(5))
 
 
-def completion_words(completion: str, task: Task) -> float:
+def completion_words(completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     return float(len(completion.split()))
 
 
@@ -91,8 +91,11 @@ class ArithEnv:
                               answer=str(answer), info={"a": a, "b": b, "op": op}))
         return tasks
 
-    def start(self, task: Task) -> SingleTurn:
+    def start(self, task: Task, llm: SubPolicy | None = None) -> SingleTurn:
         return SingleTurn()
+
+    def oracle_actions(self, task: Task) -> list[str]:
+        return [self.reference_completion(task)]
 
     def reference_completion(self, task: Task) -> str:
         a, op, b = task.info["a"], task.info["op"], task.info["b"]
@@ -102,8 +105,8 @@ class ArithEnv:
             checks += 1
         return COMPLETION.format(a=a, op=op, b=b, c=task.answer, checks=SELF_CHECK * checks)
 
-    def is_correct(self, completion: str, task: Task) -> bool:
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return correctness(completion, task) == 1.0
 
-    def is_formatted(self, completion: str, task: Task) -> bool:
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return format_ok(completion, task) == 1.0

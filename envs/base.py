@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
+
+Outcome = Mapping[str, float]  # what an episode's grader measured after it ended (hidden tests, workspace checks)
+NO_OUTCOME: Outcome = {}
 
 
 @dataclass(frozen=True)
@@ -17,10 +20,10 @@ class Task:
 
 @dataclass(frozen=True)
 class RewardFunc:
-    """A named reward function; weight 0 makes it a logged metric only."""
+    """A named reward function of (transcript, task, outcome); weight 0 makes it a logged metric only."""
 
     name: str
-    fn: Callable[[str, Task], float]
+    fn: Callable[[str, Task, Outcome], float]
     weight: float = 1.0
 
 
@@ -35,11 +38,11 @@ class Score:
 class Rubric:
     funcs: Sequence[RewardFunc]
 
-    def score(self, completion: str, task: Task) -> Score:
+    def score(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> Score:
         rewards, errors = {}, {}
         for func in self.funcs:
             try:
-                rewards[func.name] = float(func.fn(completion, task))
+                rewards[func.name] = float(func.fn(completion, task, outcome))
             except Exception as exc:  # reported, counted, never silently 0
                 rewards[func.name] = math.nan
                 errors[func.name] = f"{type(exc).__name__}: {exc}"
@@ -71,12 +74,25 @@ class Episode(Protocol):
     def step(self, action: str) -> Turn:
         """Take the policy's action (the text of one turn) and answer it."""
 
+    def finish(self) -> Outcome:
+        """Called once when the episode ends, however it ended (done, turn limit, token cut): grade
+        what is left (hidden tests, the workspace) and release what the episode holds (a sandbox)."""
+
+
+class SubPolicy(Protocol):
+    """How an episode reaches a model itself (RLM's `llm_query`): one prompt in, one answer out."""
+
+    def __call__(self, prompt: str) -> str: ...
+
 
 class SingleTurn:
     """The episode of a single-turn environment: the first action ends it."""
 
     def step(self, action: str) -> Turn:
         return Turn(done=True)
+
+    def finish(self) -> Outcome:
+        return NO_OUTCOME
 
 
 class Environment(Protocol):
@@ -85,17 +101,20 @@ class Environment(Protocol):
     max_turns: int  # actions per episode at most; the episode is cut (truncated) after that
     action_stop: tuple[str, ...]  # strings that end one action (a tool call), besides the end token
 
-    def start(self, task: Task) -> Episode:
-        """A fresh episode of `task`."""
+    def start(self, task: Task, llm: SubPolicy | None = None) -> Episode:
+        """A fresh episode of `task`; `llm` answers the episode's own model calls, if it makes any."""
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split ('train' or 'eval'); the splits never share a task."""
 
+    def oracle_actions(self, task: Task) -> list[str]:
+        """The task's reference solution as the policy's actions, turn by turn (the scripted oracle)."""
+
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript of a task (actions and observations; teacher traces, env tests)."""
 
-    def is_correct(self, completion: str, task: Task) -> bool:
-        """Whether the completion's final answer is right."""
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        """Whether the episode solved the task (its final answer, or its graded outcome)."""
 
-    def is_formatted(self, completion: str, task: Task) -> bool:
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         """Whether the completion follows the env's answer format."""

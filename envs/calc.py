@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import RewardFunc, Rubric, Task, Turn
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 
 PROMPT = "Use the calculator: what is {expression}?"
 CALL = "<calc>{expression}</calc>"
@@ -62,18 +62,21 @@ class CalcEpisode:
         except ValueError as exc:
             return Turn(observation=f"\n<error>{exc}</error>\n")
 
+    def finish(self) -> Outcome:
+        return NO_OUTCOME
 
-def correctness(transcript: str, task: Task) -> float:
+
+def correctness(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     """1 when the transcript holds exactly one final answer and it is right (answer spam does not pay)."""
     answers = _FINAL.findall(transcript)
     return float(len(answers) == 1 and answers[0] == task.answer)
 
 
-def format_ok(transcript: str, task: Task) -> float:
+def format_ok(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     return float(bool(_FORMAT.fullmatch(transcript.strip())))
 
 
-def tool_calls(transcript: str, task: Task) -> float:
+def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     return float(len(_CALL.findall(transcript)))
 
 
@@ -106,7 +109,7 @@ class CalcEnv:
                                   answer=str(sum(operands)), info={"operands": operands}))
         return tasks
 
-    def start(self, task: Task) -> CalcEpisode:
+    def start(self, task: Task, llm: SubPolicy | None = None) -> CalcEpisode:
         return CalcEpisode()
 
     def oracle_actions(self, task: Task) -> list[str]:
@@ -126,8 +129,8 @@ class CalcEnv:
             transcript += action + turn.observation
         return transcript
 
-    def is_correct(self, completion: str, task: Task) -> bool:
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return correctness(completion, task) == 1.0
 
-    def is_formatted(self, completion: str, task: Task) -> bool:
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return format_ok(completion, task) == 1.0

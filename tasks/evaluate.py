@@ -27,11 +27,11 @@ def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomL
     rows = []
     for trajectory in trajectories:
         task, text = trajectory.task, trajectory.text
-        score = env.rubric.score(text, task)
+        score = env.rubric.score(text, task, trajectory.outcome)
         rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
                      "prompt": task.prompt, "answer": task.answer, "completion": text,
-                     "reward": score.total, "correct": env.is_correct(text, task),
-                     "formatted": env.is_formatted(text, task),
+                     "reward": score.total, "correct": env.is_correct(text, task, trajectory.outcome),
+                     "formatted": env.is_formatted(text, task, trajectory.outcome),
                      "doom_loop": detector.is_loop(text, trajectory.truncated),
                      "finish_reason": "length" if trajectory.truncated else "stop",
                      "completion_tokens": trajectory.completion_tokens, "turns": len(trajectory.turns),

@@ -51,7 +51,7 @@ def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
         return rubric
     doom = stage.anti_doom
 
-    def repetition(completion, task):
+    def repetition(completion, task, outcome):
         return repetition_excess(completion, doom.ngram, doom.threshold)
 
     return Rubric([*rubric.funcs, RewardFunc("repetition", repetition, -doom.penalty)])
@@ -60,7 +60,7 @@ def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
 def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage,
                      detector: DoomLoopDetector) -> Scored:
     text, task = trajectory.text, trajectory.task
-    score = rubric.score(text, task)
+    score = rubric.score(text, task, trajectory.outcome)
     valid = trace_is_valid(text, trajectory.truncated)
     total = score.total
     if not valid and stage.anti_doom is not None and stage.anti_doom.validate_trace and math.isfinite(total):
@@ -72,7 +72,7 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
         total -= stage.overlong.penalty * overlong
     step_rewards = [turn.reward for turn in trajectory.turns]
     step_rewards[-1] += total
-    return Scored(trajectory, step_rewards, env.is_correct(text, task), detector.is_loop(text, trajectory.truncated),
+    return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome), detector.is_loop(text, trajectory.truncated),
                   score.rewards.get("repetition", 0.0), overlong, valid)
 
 

@@ -9,8 +9,9 @@ on are exactly the ids it sampled. A single-turn env is the one-turn case of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
-from envs.base import Task
+from envs.base import Outcome, Task
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
 TURN_SEED_STRIDE = 7919  # turn t of a batch decodes with seed + t * stride
@@ -33,6 +34,7 @@ class Trajectory:
     turns: list[TurnRecord] = field(default_factory=list)
     text: str = ""  # the transcript after the prompt: actions and observations, what the rubric scores
     finished: bool = False  # the env ended the episode (not the token budget or the turn limit)
+    outcome: Outcome = field(default_factory=dict)  # the episode's grade after it ended (hidden tests, workspace checks)
 
     @property
     def truncated(self) -> bool:
@@ -65,6 +67,12 @@ class LocalPolicy:
         return generate_tokens(self.model, self.tokenizer, contexts, params, batch_size=self.batch_size,
                                seed=seed + turn * TURN_SEED_STRIDE)
 
+    def complete(self, prompt: str, params: SamplingParams) -> str:
+        """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`)."""
+        generation = generate_tokens(self.model, self.tokenizer, [chat_prompt(self.tokenizer, prompt)],
+                                     replace(params, stop=()), batch_size=1, seed=0)[0]
+        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
 
 @dataclass
 class ScriptedPolicy:
@@ -73,6 +81,7 @@ class ScriptedPolicy:
 
     tokenizer: object
     scripts: list[list[str]]  # per episode, its actions in order
+    respond: Callable[[str], str] = lambda prompt: ""  # its answer to an episode's own model call
 
     def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
@@ -80,14 +89,29 @@ class ScriptedPolicy:
         return [Generation(text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
                            + [self.tokenizer.eos_token_id], finish_reason="stop") for text in actions]
 
+    def complete(self, prompt: str, params: SamplingParams) -> str:
+        return self.respond(prompt)
+
 
 def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0) -> list[Trajectory]:
     """Play one episode of `env` per task (repeat a task for a group); returns their trajectories."""
     params = replace(params, stop=tuple(env.action_stop))
-    episodes = [env.start(task) for task in tasks]
+    sub_params = replace(params, temperature=None)  # an episode's own model calls decode greedily
+    episodes = [env.start(task, lambda prompt: policy.complete(prompt, sub_params)) for task in tasks]
     trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt)) for task in tasks]
+    try:
+        _play(policy, tokenizer, env, episodes, trajectories, params, seed)
+    finally:  # graded and released even when a turn raised: a sandbox is never left behind
+        outcomes = [episode.finish() for episode in episodes]
+    for trajectory, outcome in zip(trajectories, outcomes):
+        trajectory.outcome = outcome
+    return trajectories
+
+
+def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams, seed: int) -> None:
+    """Every turn: one batch of actions from the running episodes, and the env's answer to each."""
     contexts = [t.prompt_ids for t in trajectories]
-    running = list(range(len(tasks)))
+    running = list(range(len(trajectories)))
     for turn in range(env.max_turns):
         generations = policy.act(running, [contexts[i] for i in running], turn, params, seed)
         still_running = []
@@ -108,5 +132,4 @@ def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, 
                 still_running.append(i)
         running = still_running
         if not running:
-            break
-    return trajectories
+            return

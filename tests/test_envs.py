@@ -40,10 +40,10 @@ def test_wrong_answer_and_answer_spam_do_not_pay():
 
 
 def test_reward_function_that_raises_is_reported_not_zero():
-    def broken(completion, task):
+    def broken(completion, task, outcome):
         raise KeyError("missing field")
 
-    rubric = Rubric([RewardFunc("ok", lambda c, t: 1.0), RewardFunc("broken", broken, 0.5)])
+    rubric = Rubric([RewardFunc("ok", lambda c, t, o: 1.0), RewardFunc("broken", broken, 0.5)])
     score = rubric.score("x", TASK)
     assert math.isnan(score.rewards["broken"]) and math.isnan(score.total)
     assert score.errors == {"broken": "KeyError: 'missing field'"}

@@ -150,7 +150,7 @@ def test_trace_validation_keeps_penalties_and_a_raised_reward_stays_nan():
     scored = score_trajectory(cut(looping), ENV, shaped, stage, DoomLoopDetector())
     assert not scored.valid_trace and scored.correct  # right answer, but the trace never ended
     assert scored.reward == pytest.approx(-0.5 * scored.repetition) and scored.repetition > 0
-    raising = Rubric([*shaped.funcs, RewardFunc("judge", lambda c, t: 1 / 0, 1.0)])
+    raising = Rubric([*shaped.funcs, RewardFunc("judge", lambda c, t, o: 1 / 0, 1.0)])
     assert math.isnan(score_trajectory(cut(looping), ENV, raising, stage, DoomLoopDetector()).reward)
     unchecked = rl_stage(anti_doom=AntiDoom(penalty=0.5, validate_trace=False))
     # unchecked, the cut trace is paid for its answer (correct 1, format 0: the trailing checks break it)
