@@ -10,9 +10,17 @@ export GX_ANALYTICS_ENABLED := False
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean sandbox-tools
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-tools
+
+# The agentic envs run every command of the policy in bubblewrap; there is no unsandboxed fallback.
+# Installed here where root and apt can; elsewhere install the Debian/Ubuntu package bubblewrap.
+sandbox-tools:
+	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || true
+	@command -v bwrap >/dev/null || echo "warning: bwrap not found; install bubblewrap to use the terminal, rlm and openclaw envs" >&2
 
 # torch first and pinned, so pip keeps the CPU build that lies on this machine's disk.
 $(STAMP): pyproject.toml

@@ -91,6 +91,10 @@ class ArithEnv:
                               answer=str(answer), info={"a": a, "b": b, "op": op}))
         return tasks
 
+    def all_tasks(self) -> list[Task]:
+        """Every problem of both splits."""
+        return [task for split in ("train", "eval") for task in self.tasks(split, len(self.split_problems(split)), 0)]
+
     def start(self, task: Task, llm: SubPolicy | None = None) -> SingleTurn:
         return SingleTurn()
 

@@ -68,6 +68,10 @@ class Turn:
     observation: str = ""  # appended to the context after the action; env-written, masked from the loss
     reward: float = 0.0  # a per-step reward, on top of the rubric's score of the whole trajectory
     done: bool = False
+    # set: the episode's next context starts fresh as this chat prompt instead of growing by the
+    # observation (CoD: each task of a pack sees only its own prompt and hint, not the history)
+    restart: str | None = None
+    kind: str = "action"  # what the turn was, for credit assignment (CoD: "solve" or "hint")
 
 
 class Episode(Protocol):
@@ -100,6 +104,9 @@ class Environment(Protocol):
     rubric: Rubric
     max_turns: int  # actions per episode at most; the episode is cut (truncated) after that
     action_stop: tuple[str, ...]  # strings that end one action (a tool call), besides the end token
+
+    def all_tasks(self) -> list[Task]:
+        """Every shipped task of both splits (a fixed catalogue where tasks are drawn): what the oracle check plays."""
 
     def start(self, task: Task, llm: SubPolicy | None = None) -> Episode:
         """A fresh episode of `task`; `llm` answers the episode's own model calls, if it makes any."""

@@ -26,6 +26,7 @@ _TERM = re.compile(r"\s*([+-]?)\s*(\d{1,12})\s*")
 _FINAL = re.compile(r"The final answer is (-?\d+)")
 _FORMAT = re.compile(r"(?:<calc>[^<]*</calc>\n<result>-?\d+</result>\n)+The final answer is -?\d+\.")
 EVAL_SHARE = 10  # one problem in EVAL_SHARE goes to the held-out split
+CATALOGUE = 500  # train tasks `posttrain envs check` plays
 
 
 class CalcEnvConfig(BaseModel):
@@ -108,6 +109,10 @@ class CalcEnv:
                 tasks.append(Task(id=f"{self.name}-{split}-{len(tasks)}", prompt=PROMPT.format(expression=expression),
                                   answer=str(sum(operands)), info={"operands": operands}))
         return tasks
+
+    def all_tasks(self) -> list[Task]:
+        """The tasks are drawn, not shipped: a fixed catalogue of both splits stands for them."""
+        return self.tasks("train", CATALOGUE, 0) + self.tasks("eval", CATALOGUE // EVAL_SHARE, 0)
 
     def start(self, task: Task, llm: SubPolicy | None = None) -> CalcEpisode:
         return CalcEpisode()

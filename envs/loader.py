@@ -11,6 +11,7 @@ from envs.calc import CalcEnv, CalcEnvConfig
 
 EnvConfig = Annotated[Union[ArithEnvConfig, CalcEnvConfig], Field(discriminator="kind")]
 ENV_CONFIG = TypeAdapter(EnvConfig)
+ENV_KINDS = ("arith", "calc")
 
 
 def make_env(name: str, config: EnvConfig) -> ArithEnv | CalcEnv:

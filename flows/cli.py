@@ -1,4 +1,4 @@
-"""`posttrain` command line: run | validate | status | lineage | verify | contracts."""
+"""`posttrain` command line: run | validate | status | lineage | verify | contracts | envs | sandbox."""
 
 from __future__ import annotations
 
@@ -156,6 +156,26 @@ def cmd_contracts_docs(args) -> int:
     return 0
 
 
+def cmd_envs_check(args) -> int:
+    from flows.envs_cli import EnvInputError, check
+
+    spec = _load(args.spec)[0] if args.spec else None
+    try:
+        return check(args.kind, args.tasks, spec)
+    except EnvInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_sandbox(args) -> int:
+    from flows.envs_cli import EnvInputError, sandbox
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        return sandbox(command, args.files, args.python)
+    except EnvInputError as exc:
+        raise UserError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Declarative LLM post-training on Prefect.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("--out", default="data-docs")
     docs.add_argument("--store", default=DEFAULT_STORE)
     docs.set_defaults(func=cmd_contracts_docs)
+    envs = commands.add_parser("envs", help="environment tasks by hand").add_subparsers(
+        dest="envs_command", required=True)
+    env_check = envs.add_parser("check", help="play every task with the oracle and a no-op (exit 0 only if all hold)")
+    env_check.add_argument("kind", help="an env kind (its shipped tasks), or an env id of --spec")
+    env_check.add_argument("--tasks", help="a task folder instead of the shipped one")
+    env_check.add_argument("--spec", help="take the env (by id) and the tokenizer from this spec")
+    env_check.set_defaults(func=cmd_envs_check)
+    box = commands.add_parser("sandbox", help="run one command in the envs' sandbox and print what the policy sees")
+    box.add_argument("--files", help="a folder copied into the sandbox's /work first (a task's environment/)")
+    box.add_argument("--python", action="store_true", help="run the text as a Python cell (the rlm REPL)")
+    box.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    box.set_defaults(func=cmd_sandbox)
     for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
                              ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
         sub = commands.add_parser(name, help=text)

@@ -160,15 +160,20 @@ def _check_graph(spec: PipelineSpec) -> None:
                                 f"a {wanted} is expected here")
     _check_acyclic(spec, index)
     _check_pairable(spec, index)
-    _check_single_turn_generate(spec)
+    _check_one_sequence_envs(spec)
 
 
-def _check_single_turn_generate(spec: PipelineSpec) -> None:
-    """`generate` writes one completion per sample; a multi-turn env's episodes need the rl loop."""
+def _check_one_sequence_envs(spec: PipelineSpec) -> None:
+    """A cod episode restarts its context for every task of a pack, so it is not one token
+    sequence: only steppo's per-step rows can train on it (not grpo, generate or preference)."""
     for i, stage in enumerate(spec.stages):
-        if stage.kind == "generate" and make_env(stage.env, spec.envs[stage.env]).max_turns > 1:
-            raise SpecError(f"stages[{i}].env: env {stage.env!r} is multi-turn; generate stages take "
-                            "single-turn envs only (train multi-turn envs with an rl stage)")
+        env_ids = [stage.env] if stage.kind == "generate" else \
+            list(stage.envs) if stage.kind == "rl" and stage.algorithm == "grpo" else []
+        for env_id in env_ids:
+            if spec.envs[env_id].kind == "cod":
+                where = "env" if stage.kind == "generate" else f"envs.{env_id}"
+                raise SpecError(f"stages[{i}].{where}: env {env_id!r} (cod) restarts its context for every "
+                                f"task of a pack; only an rl stage with algorithm: steppo can train on it")
 
 
 def _check_pairable(spec: PipelineSpec, index: dict[str, int]) -> None:
@@ -176,14 +181,18 @@ def _check_pairable(spec: PipelineSpec, index: dict[str, int]) -> None:
     for stage in spec.stages:
         if stage.kind != "preference":
             continue
-        i = index[stage.data]
-        source = spec.stages[i]
-        if source.samples < 1:
-            raise SpecError(f"stages[{i}].samples: must be at least 1, generate stage {source.id!r} feeds "
-                            f"preference stage {stage.id!r}, which pairs sampled completions")
-        if source.samples + source.greedy < 2:
-            raise SpecError(f"stages[{i}]: samples + greedy must be at least 2, generate stage {source.id!r} "
-                            f"feeds preference stage {stage.id!r}, which pairs two completions per prompt")
+        for data in stage.datasets():
+            _check_pairable_source(spec, index[data], stage.id)
+
+
+def _check_pairable_source(spec: PipelineSpec, i: int, preference_id: str) -> None:
+    source, stage_id = spec.stages[i], preference_id
+    if source.samples < 1:
+        raise SpecError(f"stages[{i}].samples: must be at least 1, generate stage {source.id!r} feeds "
+                        f"preference stage {stage_id!r}, which pairs sampled completions")
+    if source.samples + source.greedy < 2:
+        raise SpecError(f"stages[{i}]: samples + greedy must be at least 2, generate stage {source.id!r} "
+                        f"feeds preference stage {stage_id!r}, which pairs two completions per prompt")
 
 
 def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:

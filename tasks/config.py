@@ -83,20 +83,28 @@ class DatasetTrainStage(TrainStage):
     max_steps: int | None = Field(None, gt=0)
     batch_size: int = Field(32, gt=0)
     max_seq_len: int = Field(128, gt=8)
+    data: str | list[str]  # one dataset stage, or several trained on together (e.g. one per env)
+
+    def datasets(self) -> list[str]:
+        return [self.data] if isinstance(self.data, str) else list(self.data)
+
+    def data_refs(self, kind: str) -> list[tuple[str, str, str]]:
+        if isinstance(self.data, str):
+            return [("data", self.data, kind)]
+        return [(f"data[{i}]", data, kind) for i, data in enumerate(self.data)]
 
 
 class SftStage(DatasetTrainStage):
     """Supervised fine-tuning with a completion-only loss."""
 
     kind: Literal["sft"]
-    data: str
     policy: str | None = None  # a checkpoint stage; the spec's base model when absent
 
     def reads_base_model(self) -> bool:
         return self.policy is None
 
     def stage_refs(self):
-        refs = [("data", self.data, "dataset")]
+        refs = self.data_refs("dataset")
         if self.policy is not None:
             refs.append(("policy", self.policy, "checkpoint"))
         return refs
@@ -111,7 +119,6 @@ class PreferenceStage(DatasetTrainStage):
 
     kind: Literal["preference"]
     policy: str
-    data: str  # a rollouts dataset (a generate stage)
     method: Literal["dpo", "ln_dpo", "ipo"] = "dpo"
     beta: float = Field(0.1, gt=0)
     min_reward_gap: float = Field(0.0, ge=0)  # pairs need chosen - rejected reward above this
@@ -121,7 +128,7 @@ class PreferenceStage(DatasetTrainStage):
     max_seq_len: int = Field(256, gt=8)
 
     def stage_refs(self):
-        return [("policy", self.policy, "checkpoint"), ("data", self.data, "rollouts")]
+        return [("policy", self.policy, "checkpoint"), *self.data_refs("rollouts")]  # data: generate stages
 
 
 class AntiDoom(BaseModel):

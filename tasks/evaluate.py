@@ -2,7 +2,8 @@
 
 Per checkpoint and env: greedy accuracy, format rate, doom-loop rate (greedy), mean
 completion tokens (the policy's), mean turns, truncation rate, reward-function errors, and
-sampled accuracy. Episodes are played through the env's protocol (tasks/rollouts.py), so
+sampled accuracy, and the mean of every graded outcome (a sandboxed env's tests, cod's reward
+by position in the pack). Episodes are played through the env's protocol (tasks/rollouts.py), so
 multi-turn envs are evaluated the way they are trained. The
 per-completion rows are the stage's evaluation-results dataset.
 """
@@ -35,7 +36,8 @@ def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomL
                      "doom_loop": detector.is_loop(text, trajectory.truncated),
                      "finish_reason": "length" if trajectory.truncated else "stop",
                      "completion_tokens": trajectory.completion_tokens, "turns": len(trajectory.turns),
-                     "reward_errors": len(score.errors)})
+                     "reward_errors": len(score.errors),
+                     **{f"outcome_{key}": float(value) for key, value in trajectory.outcome.items()}})
     return rows
 
 
@@ -54,6 +56,8 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
     }
     if sampled:
         metrics["sampled_accuracy"] = sum(r["correct"] for r in sampled) / len(sampled)
+    for key in sorted({key for row in greedy for key in row if key.startswith("outcome_")}):
+        metrics[f"mean_{key}"] = _mean_finite(row[key] for row in greedy if key in row)  # e.g. cod's reward by position
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
 
 

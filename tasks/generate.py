@@ -1,5 +1,8 @@
 """`generate`: on-policy rollouts from a checkpoint, scored by the env's rubric.
 
+A multi-turn env's completions are whole episodes (tasks/rollouts.py), whose rows carry a loss
+mask so that preference training scores the policy's tokens only.
+
 Per prompt, `samples` sampled completions and `greedy` greedy ones (the group the preference
 and RL stages compare within). Each row keeps its tokens and per-token log-probs, the
 reward of every rubric function, the total reward and the doom-loop flag. The dataset goes
@@ -15,6 +18,7 @@ from models.loading import context_length, load_model, load_tokenizer, set_threa
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
 from tasks.config import GenerateStage
 from tasks.datasets import write_rows
+from tasks.rollouts import LocalPolicy, roll_out
 from tasks.stage import StageContext, StageOutput
 
 
@@ -45,15 +49,45 @@ def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector:
     return rows
 
 
+def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: DoomLoopDetector) -> list[dict]:
+    """Rows of a multi-turn env: each completion is a whole episode played through the env (tool
+    calls, observations), with its loss mask (1 on the policy's tokens) and env mask."""
+    policy = LocalPolicy(model, tokenizer, stage.batch_size)
+    modes = ["sampled"] * stage.samples + ["greedy"] * stage.greedy
+    sampled = roll_out(policy, tokenizer, env, [t for t in tasks for _ in range(stage.samples)],
+                       SamplingParams(stage.max_tokens, stage.temperature, stage.top_p), seed=stage.seed)
+    greedy = roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_tokens)) if stage.greedy else []
+    rows = []
+    for i, task in enumerate(tasks):
+        group = sampled[i * stage.samples:(i + 1) * stage.samples] + [greedy[i]] * stage.greedy if greedy else \
+            sampled[i * stage.samples:(i + 1) * stage.samples]
+        for index, (mode, trajectory) in enumerate(zip(modes, group)):
+            ids, mask = trajectory.completion()
+            score = env.rubric.score(trajectory.text, task, trajectory.outcome)
+            rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index, "mode": mode,
+                         "prompt": task.prompt, "answer": task.answer, "completion": trajectory.text,
+                         "tokens": ids, "loss_mask": mask, "env_mask": [1 - m for m in mask],
+                         "finish_reason": "length" if trajectory.truncated else "stop",
+                         "total_tokens": len(trajectory.prompt_ids) + len(ids), "turns": len(trajectory.turns),
+                         "reward": score.total, **{f"reward_{name}": v for name, v in score.rewards.items()},
+                         "reward_errors": len(score.errors),
+                         "correct": env.is_correct(trajectory.text, task, trajectory.outcome),
+                         "doom_loop": detector.is_loop(trajectory.text, trajectory.truncated)})
+    return rows
+
+
 def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
     model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
     env = make_env(stage.env, ctx.envs[stage.env])
     tasks = env.tasks(stage.split, stage.n, stage.seed)
-    prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in tasks]
-    rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage), stage,
-                        DoomLoopDetector())
+    if env.max_turns > 1:
+        rows = episode_rows(env, tasks, model, tokenizer, stage, DoomLoopDetector())
+    else:
+        prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in tasks]
+        rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage), stage,
+                            DoomLoopDetector())
     out_dir = ctx.workdir / "rollouts"
     write_rows(rows, out_dir)
     greedy = [r for r in rows if r["mode"] == "greedy"]

@@ -60,7 +60,9 @@ def preference_pairs(rollouts: list[dict], min_reward_gap: float = 0.0) -> tuple
                       "chosen_tokens": [int(t) for t in chosen["tokens"]],
                       "rejected_tokens": [int(t) for t in rejected["tokens"]],
                       "chosen_mode": chosen["mode"], "rejected_mode": rejected["mode"],
-                      "rejected_doom_loop": bool(rejected["doom_loop"])})
+                      "rejected_doom_loop": bool(rejected["doom_loop"]),
+                      **({"chosen_mask": [int(m) for m in chosen["loss_mask"]],
+                          "rejected_mask": [int(m) for m in rejected["loss_mask"]]} if "loss_mask" in chosen else {})})
     stats.pairs = len(pairs)
     return pairs, stats
 
@@ -69,8 +71,11 @@ def encode_pairs(tokenizer, pairs: list[dict], max_len: int) -> tuple[list[Examp
     chosen, rejected = [], []
     for pair in pairs:
         prompt_ids = chat_prompt(tokenizer, pair["prompt"])
-        chosen.append(encode_ids(prompt_ids, pair["chosen_tokens"], max_len))
-        rejected.append(encode_ids(prompt_ids, pair["rejected_tokens"], max_len))
+        multi_turn = "chosen_mask" in pair  # env-written tokens of multi-turn episodes are not scored
+        chosen.append(encode_ids(prompt_ids, pair["chosen_tokens"], max_len,
+                                 pair["chosen_mask"] if multi_turn else None))
+        rejected.append(encode_ids(prompt_ids, pair["rejected_tokens"], max_len,
+                                   pair["rejected_mask"] if multi_turn else None))
     return chosen, rejected
 
 
@@ -119,11 +124,13 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source)
-    pairs, stats = preference_pairs(read_rows(ctx.fetch(stage.data)), stage.min_reward_gap)
+    rollouts = [row for data in stage.datasets() for row in read_rows(ctx.fetch(data))]
+    pairs, stats = preference_pairs(rollouts, stage.min_reward_gap)
     ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored groups dropped)")
     if not pairs:  # retrying cannot fix data
-        raise ContractViolation(f"no preference pairs in {ctx.inputs[stage.data]}: all {stats.prompts} prompt "
+        raise ContractViolation(f"no preference pairs in {', '.join(str(ctx.inputs[d]) for d in stage.datasets())}: "
+                                f"all {stats.prompts} prompt "
                                 "groups tied or unscored")
     chosen, rejected = encode_pairs(tokenizer, pairs, stage.max_seq_len)
     device = PartialState().device

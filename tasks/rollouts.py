@@ -4,6 +4,8 @@ Every turn, all running episodes are decoded as one batch until the env's action
 or the end token; the env answers each action, and its observation's tokens are appended to
 that episode's context. Earlier turns are never re-tokenized, so the ids the model is trained
 on are exactly the ids it sampled. A single-turn env is the one-turn case of the same loop.
+An env may restart an episode's context (Turn.restart, CoD's next task of a pack): the next
+turn's context is then that fresh chat prompt, and the transcript shows a separator and the prompt.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from envs.base import Outcome, Task
+from envs.base import Outcome, Task, Turn
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
 TURN_SEED_STRIDE = 7919  # turn t of a batch decodes with seed + t * stride
+RESTART_SEPARATOR = "\n\n=== new context ===\n"  # in a transcript, before the prompt a restarted context begins with
 
 
 @dataclass
@@ -24,6 +27,7 @@ class TurnRecord:
     observation_ids: list[int]  # the env's answer (masked from the loss)
     reward: float  # the env's per-step reward
     truncated: bool  # the action ran out of max_tokens
+    kind: str = "action"  # the env's Turn.kind ("action" also for a cut action the env never saw)
 
 
 @dataclass
@@ -86,8 +90,12 @@ class ScriptedPolicy:
     def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
         actions = [self.scripts[i][turn] if turn < len(self.scripts[i]) else "" for i in episodes]
-        return [Generation(text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                           + [self.tokenizer.eos_token_id], finish_reason="stop") for text in actions]
+        return [Generation(text, self._ids(text, params.stop), finish_reason="stop") for text in actions]
+
+    def _ids(self, action: str, stop: tuple[str, ...]) -> list[int]:
+        """The action's ids as the engine would end them: at a tool call's stop string, else the end token."""
+        ids = self.tokenizer(action, add_special_tokens=False)["input_ids"]
+        return ids if stop and action.endswith(stop) else ids + [self.tokenizer.eos_token_id]
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         return self.respond(prompt)
@@ -120,16 +128,29 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
             truncated = gen.finish_reason == "length"
             answer = episodes[i].step(action) if not truncated else None
             observation = answer.observation if answer is not None and not answer.done else ""
-            observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"] if observation else []
+            restart = answer.restart if answer is not None and not answer.done else None
+            # a restarted context never holds the observation: only the transcript shows it
+            observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"] \
+                if observation and restart is None else []
             trajectory = trajectories[i]
             trajectory.turns.append(TurnRecord(contexts[i], gen.token_ids, observation_ids,
-                                               answer.reward if answer is not None else 0.0, truncated))
-            trajectory.text += action + observation
+                                               answer.reward if answer is not None else 0.0, truncated,
+                                               answer.kind if answer is not None else "action"))
+            trajectory.text += action + (transcript_answer(answer) if answer is not None else "")
             if answer is None or answer.done:
                 trajectory.finished = answer is not None
             else:
-                contexts[i] = contexts[i] + gen.token_ids + observation_ids
+                contexts[i] = chat_prompt(tokenizer, restart) if restart is not None \
+                    else contexts[i] + gen.token_ids + observation_ids
                 still_running.append(i)
         running = still_running
         if not running:
             return
+
+
+def transcript_answer(answer: Turn) -> str:
+    """What the env's answer to an action adds to a transcript: its observation (dropped when the
+    episode ends), then a visible separator and the fresh prompt when the context restarts."""
+    if answer.done:
+        return ""
+    return answer.observation + (RESTART_SEPARATOR + answer.restart if answer.restart is not None else "")

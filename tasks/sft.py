@@ -20,10 +20,14 @@ class Example:
     truncated: bool
 
 
-def encode_ids(prompt_ids: list[int], completion_ids: list[int], max_len: int) -> Example:
-    """Prompt token ids (masked) + completion token ids (trained on), cut at `max_len`."""
+def encode_ids(prompt_ids: list[int], completion_ids: list[int], max_len: int,
+               loss_mask: list[int] | None = None) -> Example:
+    """Prompt token ids (masked) + completion token ids (trained on where `loss_mask` is 1:
+    not on env-written tokens), cut at `max_len`."""
+    trained = completion_ids if loss_mask is None else \
+        [token if keep else IGNORE_INDEX for token, keep in zip(completion_ids, loss_mask)]
     input_ids = (prompt_ids + completion_ids)[:max_len]
-    labels = ([IGNORE_INDEX] * len(prompt_ids) + completion_ids)[:max_len]
+    labels = ([IGNORE_INDEX] * len(prompt_ids) + trained)[:max_len]
     return Example(input_ids, labels, len(prompt_ids) + len(completion_ids) > max_len)
 
 
@@ -31,6 +35,14 @@ def encode_example(tokenizer, prompt: str, completion: str, max_len: int) -> Exa
     """Chat-formatted prompt (masked) + completion + end token (trained on)."""
     completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return encode_ids(chat_prompt(tokenizer, prompt), completion_ids, max_len)
+
+
+def encode_row(tokenizer, row: dict, max_len: int) -> Example:
+    """A text row (prompt, completion), or a multi-turn row with its token ids and loss mask
+    (the env's observation tokens are not trained on)."""
+    if "token_ids" not in row:  # single-turn datasets are text only
+        return encode_example(tokenizer, row["prompt"], row["completion"], max_len)
+    return encode_ids([], list(row["token_ids"]), max_len, list(row["loss_mask"]))
 
 
 def collate(examples: list[Example], pad_id: int, device):
@@ -65,8 +77,8 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = start_checkpoint(stage, ctx)
     tokenizer = load_tokenizer(source)
-    rows = read_rows(ctx.fetch(stage.data))
-    examples = [encode_example(tokenizer, r["prompt"], r["completion"], stage.max_seq_len) for r in rows]
+    rows = [row for data in stage.datasets() for row in read_rows(ctx.fetch(data))]
+    examples = [encode_row(tokenizer, row, stage.max_seq_len) for row in rows]
     training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
         batch = [examples[i] for i in batch_indices(len(examples), stage.batch_size, stage.seed, step)]

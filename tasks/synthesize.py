@@ -3,6 +3,10 @@
 The teacher is the env's programmatic oracle; an OpenAI-compatible endpoint plugs in at
 `teacher_completions` later. Each row carries its token length under the spec's model, so
 the sft contract can hold it to the model's context.
+
+A multi-turn env's oracle is played through the real episode loop (tasks/rollouts.py, the
+sandbox included), and its rows carry the exact token ids with a loss mask: SFT trains on the
+policy's actions, never on what the env wrote, and on the very ids RL will see.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from data_contracts.config import ContractParams
 from envs.base import Task
 from envs.loader import make_env
 from models.loading import context_length, load_tokenizer, resolve_base
-from models.sampling import chat_prompt
+from models.sampling import SamplingParams, chat_prompt
 from tasks.config import SynthesizeStage
 from tasks.datasets import write_rows
+from tasks.rollouts import ScriptedPolicy, Trajectory, roll_out
 from tasks.stage import StageContext, StageOutput
+
+ORACLE_TOKENS = 4096  # a scripted action is never cut
 
 
 def teacher_completions(env, tasks: list[Task], teacher: str) -> list[str]:
@@ -28,19 +35,54 @@ def total_tokens(tokenizer, prompt: str, completion: str) -> int:
     return len(chat_prompt(tokenizer, prompt)) + len(tokenizer(completion, add_special_tokens=False)["input_ids"]) + 1
 
 
+def segments(trajectory: Trajectory) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of each stretch of turns that share one growing context; an env
+    that restarts the context (CoD's next episode of a pack) starts a new stretch."""
+    stretches: list[tuple[list[int], list[int]]] = []
+    for turn in trajectory.turns:
+        if not stretches or stretches[-1][0] != turn.context_ids:
+            stretches.append((list(turn.context_ids), [0] * len(turn.context_ids)))
+        ids, mask = stretches[-1]
+        ids += turn.action_ids + turn.observation_ids
+        mask += [1] * len(turn.action_ids) + [0] * len(turn.observation_ids)
+    return stretches
+
+
+def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer) -> tuple[list[dict], int]:
+    """Rows of the oracle's episodes (one per context stretch) and how many episodes it solved."""
+    policy = ScriptedPolicy(tokenizer, [env.oracle_actions(task) for task in tasks])
+    trajectories = roll_out(policy, tokenizer, env, tasks, SamplingParams(ORACLE_TOKENS))
+    rows, solved = [], 0
+    for trajectory in trajectories:
+        solved += env.is_correct(trajectory.text, trajectory.task, trajectory.outcome)
+        for k, (ids, mask) in enumerate(segments(trajectory)):
+            rows.append({"id": f"{trajectory.task.id}-{k}", "env": env_id, "prompt": trajectory.task.prompt,
+                         "completion": tokenizer.decode(ids[mask.index(1):], skip_special_tokens=True),
+                         "answer": trajectory.task.answer, "token_ids": ids, "loss_mask": mask,
+                         "total_tokens": len(ids)})
+    return rows, solved
+
+
+def single_turn_rows(env, env_id: str, tasks: list[Task], teacher: str, tokenizer) -> tuple[list[dict], int]:
+    completions = teacher_completions(env, tasks, teacher)
+    rows = [{"id": task.id, "env": env_id, "prompt": task.prompt, "completion": completion,
+             "answer": task.answer, "total_tokens": total_tokens(tokenizer, task.prompt, completion)}
+            for task, completion in zip(tasks, completions)]
+    return rows, sum(env.is_correct(c, t) for c, t in zip(completions, tasks))
+
+
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
     env = make_env(stage.env, ctx.envs[stage.env])
     tasks = env.tasks("train", stage.n, stage.seed)
-    completions = teacher_completions(env, tasks, stage.teacher)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base)
-    rows = [{"id": task.id, "env": stage.env, "prompt": task.prompt, "completion": completion,
-             "answer": task.answer, "total_tokens": total_tokens(tokenizer, task.prompt, completion)}
-            for task, completion in zip(tasks, completions)]
+    if env.max_turns > 1:
+        rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer)
+    else:
+        rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer)
     out_dir = ctx.workdir / "dataset"
     write_rows(rows, out_dir)
-    correct = sum(env.is_correct(c, t) for c, t in zip(completions, tasks))
-    ctx.log(f"{len(rows)} examples from {stage.env} ({stage.teacher} teacher)")
+    ctx.log(f"{len(rows)} examples from {len(tasks)} {stage.env} tasks ({stage.teacher} teacher)")
     contract = ContractParams(kind="sft", context_length=context_length(base))
-    return {"dataset": StageOutput("dataset", out_dir, {"rows": len(rows), "teacher_accuracy": correct / len(rows)},
+    return {"dataset": StageOutput("dataset", out_dir, {"rows": len(rows), "teacher_accuracy": solved / len(tasks)},
                                    contract)}

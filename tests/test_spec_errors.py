@@ -104,10 +104,6 @@ CASES = {
     "calc env with one operand": (
         {**GOOD, "envs": {**GOOD["envs"], "calc": {"kind": "calc", "operands": 1}}},
         "envs.calc.operands: Input should be greater than or equal to 2"),
-    "generate on a multi-turn env": (
-        {**GOOD, "envs": {**GOOD["envs"], "calc": {"kind": "calc"}},
-         "stages": GOOD["stages"] + [ONPOLICY | {"env": "calc"}]},
-        "stages[3].env: env 'calc' is multi-turn; generate stages take single-turn envs only"),
     "rl env weight 0": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
         "stages[3].envs.arith: Input should be greater than 0"),

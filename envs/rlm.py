@@ -1,0 +1,324 @@
+"""`rlm`: Recursive Language Models: a query over a long input the policy never sees whole.
+
+The input (20k-60k chars by default, far beyond the model's 512 positions) lives in a
+sandboxed Python REPL as the variable `context`; the prompt holds only the query and the
+context's kind and length. Each action is one code cell, `<repl>code</repl>` (the action ends
+at `</repl>`); the env runs it in the episode's namespace and answers `<output>...</output>`,
+truncated. Inside cells `llm_query(prompt)` asks the episode's own model (depth 1: a plain
+completion, no REPL), counted and limited per episode. `FINAL(answer)` or
+`FINAL_VAR(variable)` outside code ends the episode with that answer; an action with neither
+code nor a final ends it unanswered. The episode grades its answer when it finishes (exact
+match after normalizing), so the rubric reads the outcome: a FINAL_VAR answer lives in the
+REPL, not in the transcript.
+
+Tasks are generated from a seed, no files: counts, lookups and sums over a log, a secret code
+hidden in filler text, and a note found by code and read by a sub-call (`ask`, the family whose
+oracle uses llm_query; `reference_llm` is the sub-model its reference transcripts assume).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Callable, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
+
+FAMILIES = ("count", "lookup", "sum", "needle", "ask")
+EVAL_SHARE = 10  # one round of families in EVAL_SHARE goes to the held-out split
+USERS = ("ann", "bob", "cid", "dan", "eve", "fay")
+STATUSES = ("ok", "ok", "ok", "error", "retry")
+PLACES = ("harbor", "library", "station", "market", "museum", "bakery", "stadium", "castle")
+MEETINGS = ("see you at the", "let's meet by the", "I will wait at the", "meet me near the")
+SUBJECTS = ("the cat", "a farmer", "the river", "my neighbour", "the old clock", "a small bird")
+VERBS = ("watched", "followed", "forgot", "painted", "carried", "heard")
+OBJECTS = ("the moon", "a blue kite", "the garden", "an empty box", "the bridge", "a letter")
+TAILS = ("yesterday", "at dawn", "again", "quietly", "for hours", "by chance")
+CODE_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+KINDS = {"log": "a log, one `id=.. user=.. status=.. amount=..` per line", "text": "a long text"}
+PARSE_LOG = "rows = [dict(f.split('=') for f in l.split()) for l in context.splitlines()]\n"
+
+PROMPT = ("{query}\n`context` is {kind}, {chars} chars. Run Python as <repl>code</repl>; llm_query(prompt) "
+          "asks a model ({calls} calls). End with FINAL(answer) or FINAL_VAR(variable).")
+ORACLE_CELL = "<repl>{code}\nprint(n)</repl>"
+ORACLE_FINAL = "FINAL_VAR(n)"
+_CELL = re.compile(r"<repl>(.*?)</repl>", re.S)
+_FINAL = re.compile(r"\bFINAL(_VAR)?\((.*?)\)")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_NOTE_PLACE = re.compile(r"Note from \w+: [^.]*?\b(" + "|".join(PLACES) + r")\b")
+# A refusal of llm_query travels to the cell as an answer with this prefix; SETUP_CELL's wrapper
+# raises it there (the sandbox passes the host's answers through, not its errors).
+REFUSED = "\x00"
+SETUP_CELL = f"""def _wrap(ask):
+    def llm_query(prompt):
+        answer = ask(prompt)
+        if answer.startswith({REFUSED!r}):
+            raise RuntimeError(answer[1:])
+        return answer
+    return llm_query
+llm_query = _wrap(llm_query)
+del _wrap"""
+
+
+class RlmEnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["rlm"]
+    context_chars: int = Field(30000, ge=1000)  # each context is 2/3 to 2 times this long
+    max_turns: int = Field(4, ge=2)
+    max_llm_calls: int = Field(4, ge=0)  # llm_query calls per episode
+    query_chars: int = Field(1000, ge=1)  # longest llm_query prompt: the sub-model's window is small too
+    output_chars: int = Field(300, ge=20)  # what the policy sees of one cell's output
+    sandbox: SandboxLimits = SandboxLimits()
+    tasks: int = Field(500, ge=2 * len(FAMILIES))  # the generated catalogue, both splits
+    seed: int = 0
+
+
+class Generated(NamedTuple):
+    kind: str
+    context: str
+    query: str
+    answer: str
+    code: str  # the oracle's cell: leaves the answer in `n`
+
+
+def _log_task(family: str, draw: random.Random, chars: int) -> Generated:
+    rows, lines, size, line_id = [], [], 0, 1000
+    while size < chars:
+        line_id += draw.randint(1, 5)
+        row = {"id": str(line_id), "user": draw.choice(USERS), "status": draw.choice(STATUSES),
+               "amount": str(draw.randint(1, 99))}
+        rows.append(row)
+        lines.append(" ".join(f"{key}={value}" for key, value in row.items()))
+        size += len(lines[-1]) + 1
+    if family == "count":
+        field = draw.choice(("status", "user"))
+        value = draw.choice(("error", "retry") if field == "status" else USERS)
+        query, answer = f"How many lines have {field}={value}?", sum(r[field] == value for r in rows)
+        code = f"n = sum(r['{field}'] == '{value}' for r in rows)"
+    elif family == "lookup":
+        row = draw.choice(rows)
+        query, answer = f"What amount does the line with id={row['id']} have?", row["amount"]
+        code = f"n = [r['amount'] for r in rows if r['id'] == '{row['id']}'][0]"
+    else:
+        user = draw.choice(USERS)
+        query, answer = f"What is the sum of amounts for user {user}?", sum(int(r["amount"]) for r in rows
+                                                                            if r["user"] == user)
+        code = f"n = sum(int(r['amount']) for r in rows if r['user'] == '{user}')"
+    return Generated("log", "\n".join(lines), query, str(answer), PARSE_LOG + code)
+
+
+def _text_task(family: str, draw: random.Random, chars: int) -> Generated:
+    sentences, size = [], 0
+    while size < chars:
+        sentence = f"{draw.choice(SUBJECTS)} {draw.choice(VERBS)} {draw.choice(OBJECTS)} {draw.choice(TAILS)}."
+        sentences.append(sentence[0].upper() + sentence[1:])
+        size += len(sentence) + 1
+    if family == "needle":
+        answer = "".join(draw.choice(CODE_CHARS) for _ in range(5))
+        hidden, query = [f"The secret code is {answer}."], "What is the secret code?"
+        code = "n = context.split('The secret code is ')[1].split('.')[0]"
+    else:  # the note is found by code and read by a sub-call
+        people, places = draw.sample(USERS, 3), draw.sample(PLACES, 3)
+        hidden = [f"Note from {person}: {draw.choice(MEETINGS)} {place}." for person, place in zip(people, places)]
+        query, answer = f"Where does {people[0]} want to meet?", places[0]
+        code = f"i = context.find('Note from {people[0]}:')\nn = llm_query('Where to meet? ' + context[i:i+60])"
+    for sentence in hidden:
+        sentences.insert(draw.randrange(len(sentences) + 1), sentence)
+    return Generated("text", " ".join(sentences), query, answer, code)
+
+
+@functools.lru_cache(maxsize=16)
+def generate(family: str, seed: str, context_chars: int) -> Generated:
+    """A task's context, query, answer and oracle cell, the same every time for the same seed."""
+    draw = random.Random(f"rlm:{seed}")
+    chars = draw.randint(context_chars * 2 // 3, context_chars * 2)
+    return (_log_task if family in ("count", "lookup", "sum") else _text_task)(family, draw, chars)
+
+
+def reference_llm(prompt: str) -> str:
+    """The sub-model the oracle's transcripts assume: it names the meeting place of the note it is shown."""
+    match = _NOTE_PLACE.search(prompt)
+    return match.group(1) if match else "I don't know."
+
+
+def normalize(answer: str) -> str:
+    """Case, surrounding quotes, a final period and spacing do not matter; nor does `42.0` vs `42`."""
+    text = " ".join(answer.strip().strip("\"'`").strip().rstrip(".").lower().split())
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return str(int(number)) if number.is_integer() else text
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} chars]"
+
+
+class SubCalls:
+    """The episode's llm_query on the host: counted, limited, prompts capped; refusals are raised in the cell."""
+
+    def __init__(self, llm: SubPolicy | None, limit: int, prompt_chars: int):
+        self.llm, self.limit, self.prompt_chars = llm, limit, prompt_chars
+        self.calls = 0  # those that reached the model
+
+    def __call__(self, prompt: str) -> str:
+        if self.llm is None:
+            return REFUSED + "llm_query is not available in this episode"
+        if len(prompt) > self.prompt_chars:
+            return REFUSED + f"llm_query prompt too long: {len(prompt)} chars, at most {self.prompt_chars}"
+        if self.calls >= self.limit:
+            return REFUSED + f"llm_query limit reached: {self.limit} calls per episode"
+        self.calls += 1
+        try:
+            return str(self.llm(prompt)).lstrip(REFUSED)
+        except Exception as exc:  # a failing model call is the cell's error, never the rollout's
+            return REFUSED + f"llm_query failed: {type(exc).__name__}: {exc}"
+
+
+class RlmEpisode:
+    def __init__(self, task: Task, context: str, config: RlmEnvConfig, llm: SubPolicy | None):
+        self.task, self.output_chars = task, config.output_chars
+        self.sub_calls = SubCalls(llm, config.max_llm_calls, config.query_chars)
+        self.cells = 0
+        self.answer: str | None = None  # set by FINAL / FINAL_VAR
+        self.sandbox = Sandbox(config.sandbox, llm=self.sub_calls)
+        self.sandbox.set_variables({"context": context})
+        setup = self.sandbox.run_python(SETUP_CELL)
+        if self.sandbox.stopped or setup.error:
+            self.sandbox.close()
+            raise SandboxUnavailable(f"the sandbox did not start: {self.sandbox.stopped or setup.error}")
+
+    def step(self, action: str) -> Turn:
+        cells = _CELL.findall(action)
+        final = _FINAL.search(_CELL.sub("", action).split("<repl>")[0])  # FINAL inside code is code
+        observation = "".join(self._observation(self._run(code)) for code in cells)
+        if final is not None:
+            self.answer = self._resolve(final.group(2).strip()) if final.group(1) else final.group(2)
+            return Turn(done=True)
+        if not cells or self.sandbox.stopped:
+            return Turn(done=True)
+        return Turn(observation=observation)
+
+    def finish(self) -> Outcome:
+        try:
+            answered = self.answer is not None
+            correct = answered and normalize(self.answer) == normalize(self.task.answer)
+            return {"correct": float(correct), "answered": float(answered),
+                    "llm_calls": float(self.sub_calls.calls), "cells": float(self.cells)}
+        finally:
+            self.sandbox.close()
+
+    def _run(self, code: str) -> Result:
+        self.cells += 1
+        return self.sandbox.run_python(code)
+
+    def _observation(self, result: Result) -> str:
+        text = clip(result.output.rstrip("\n"), self.output_chars)
+        if result.error:
+            text += f"\n[error: {clip(result.error, self.output_chars)}]"
+        return f"\n<output>{text.lstrip(chr(10))}</output>\n"
+
+    def _resolve(self, name: str) -> str | None:
+        """FINAL_VAR's answer: the variable's text in the REPL (None when it is not a variable)."""
+        if not _NAME.fullmatch(name):
+            return None
+        result = self.sandbox.run_python(f"print({name})")
+        return None if result.error else result.output.removesuffix("\n")
+
+
+def _graded(outcome: Outcome, key: str) -> float:
+    if key not in outcome:
+        raise ValueError(f"rlm is graded by its episode: score the outcome its finish() returned (no {key!r})")
+    return outcome[key]
+
+
+def correctness(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return _graded(outcome, "correct")
+
+
+def answered(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return _graded(outcome, "answered")
+
+
+def llm_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return _graded(outcome, "llm_calls")
+
+
+def cells(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return _graded(outcome, "cells")
+
+
+class RlmEnv:
+    action_stop = ("</repl>",)
+
+    def __init__(self, config: RlmEnvConfig, name: str = "rlm"):
+        self.config = config
+        self.name = name
+        self.max_turns = config.max_turns
+        self.rubric = Rubric([
+            RewardFunc("correct", correctness, 1.0),
+            RewardFunc("answered", answered, 0.0),
+            RewardFunc("llm_calls", llm_calls, 0.0),
+            RewardFunc("cells", cells, 0.0),
+        ])
+
+    @functools.cached_property
+    def _catalogue(self) -> list[Task]:
+        return [self._task(index) for index in range(self.config.tasks)]
+
+    def _task(self, index: int) -> Task:
+        family, seed = FAMILIES[index % len(FAMILIES)], f"{self.config.seed}:{index}"
+        generated = generate(family, seed, self.config.context_chars)
+        prompt = PROMPT.format(query=generated.query, kind=KINDS[generated.kind], chars=len(generated.context),
+                               calls=self.config.max_llm_calls)
+        held_out = (index // len(FAMILIES)) % EVAL_SHARE == 0
+        return Task(id=f"{self.name}-{index}", prompt=prompt, answer=generated.answer,
+                    info={"family": family, "seed": seed, "context_chars": self.config.context_chars,
+                          "split": "eval" if held_out else "train", "code": generated.code})
+
+    def all_tasks(self) -> list[Task]:
+        return list(self._catalogue)
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` tasks of a split; past its size, the split again in another seeded order."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}")
+        pool, order, tasks = [t for t in self._catalogue if t.info["split"] == split], random.Random(seed), []
+        while len(tasks) < n:
+            tasks += order.sample(pool, len(pool))
+        return tasks[:n]
+
+    def context(self, task: Task) -> str:
+        return generate(task.info["family"], task.info["seed"], task.info["context_chars"]).context
+
+    def start(self, task: Task, llm: SubPolicy | None = None) -> RlmEpisode:
+        return RlmEpisode(task, self.context(task), self.config, llm)
+
+    def oracle_actions(self, task: Task) -> list[str]:
+        """Compute the answer into `n` in one cell (the `ask` family reads a note with llm_query), then FINAL_VAR(n)."""
+        return [ORACLE_CELL.format(code=task.info["code"]), ORACLE_FINAL]
+
+    def reference_completion(self, task: Task, llm: Callable[[str], str] = reference_llm) -> str:
+        """The oracle's transcript, played through a real episode (sub-calls answered by `llm`)."""
+        episode, transcript = self.start(task, llm), ""
+        try:
+            for action in self.oracle_actions(task):
+                turn = episode.step(action)
+                transcript += action + ("" if turn.done else turn.observation)
+                if turn.done:
+                    break
+        finally:
+            episode.finish()
+        return transcript
+
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        return correctness(completion, task, outcome) == 1.0
+
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        return answered(completion, task, outcome) == 1.0

@@ -1,0 +1,84 @@
+"""`posttrain envs check KIND` and `posttrain sandbox -- CMD`: env tasks and the sandbox by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TABLE_ROWS = 100  # above this many tasks, the table lists failures only
+
+
+class EnvInputError(Exception):
+    """Bad input to an envs command (exit code 2)."""
+
+
+def env_config(kind: str, tasks: str | None, spec):
+    """The env's config: the spec's env of that id, else the kind's defaults (`tasks` overrides the folder)."""
+    from pydantic import ValidationError
+
+    from envs.loader import ENV_CONFIG, ENV_KINDS
+
+    if spec is not None:
+        if kind not in spec.envs:
+            raise EnvInputError(f"env {kind!r} is not in the spec (it has: {', '.join(spec.envs)})")
+        config = spec.envs[kind]
+        return config.model_copy(update={"tasks": tasks}) if tasks else config
+    if kind not in ENV_KINDS:
+        raise EnvInputError(f"unknown env kind {kind!r} (kinds: {', '.join(ENV_KINDS)})")
+    try:
+        return ENV_CONFIG.validate_python({"kind": kind, **({"tasks": tasks} if tasks else {})})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"][1:]) or kind
+        raise EnvInputError(f"{where}: {error['msg']}") from None
+
+
+def check(kind: str, tasks: str | None, spec) -> int:
+    """Plays every task with the oracle and with a no-op; prints the table; 0 only if all hold."""
+    from envs.loader import make_env
+    from envs.sandbox import SandboxUnavailable
+    from models.loading import load_tokenizer, resolve_base
+    from tasks.env_check import check_env
+
+    config = env_config(kind, tasks, spec)
+    try:
+        env = make_env(kind if spec is not None else config.kind, config)
+        tokenizer = load_tokenizer(resolve_base(spec.model.base if spec is not None else "tiny-llama"))
+        rows = check_env(env, tokenizer)
+    except (SandboxUnavailable, ValueError) as exc:
+        raise EnvInputError(str(exc)) from None
+    shown = rows if len(rows) <= TABLE_ROWS else [row for row in rows if not row.ok]
+    width = max([len("task")] + [len(row.task_id) for row in shown])
+    print(f"{'task':<{width}}  oracle  no-op  ok")
+    for row in shown:
+        note = f"  {row.errors}" if row.errors else ""
+        print(f"{row.task_id:<{width}}  {row.oracle_reward:6.3g}  {row.no_op_reward:5.3g}  "
+              f"{'yes' if row.ok else 'NO'}{note}")
+    failed = sum(not row.ok for row in rows)
+    if len(shown) < len(rows):
+        print(f"(failures only: {len(rows)} tasks)")
+    print(f"{env.name}: {len(rows) - failed}/{len(rows)} tasks hold (oracle = full reward "
+          f"{rows[0].full_reward:g}, no-op = 0)" if rows else f"{env.name}: no tasks")
+    return 0 if rows and failed == 0 else 1
+
+
+def sandbox(command: list[str], files: str | None, python: bool) -> int:
+    """Runs one command (or Python cell) in exactly the envs' sandbox; prints what the policy would see."""
+    from envs.sandbox import Sandbox, SandboxUnavailable
+
+    if not command:
+        raise EnvInputError("sandbox: no command given (posttrain sandbox -- CMD ...)")
+    seed_files = _folder_files(Path(files)) if files else {}
+    try:
+        with Sandbox(files=seed_files) as box:
+            text = " ".join(command)
+            result = box.run_python(text) if python else box.run(text)
+    except SandboxUnavailable as exc:
+        raise EnvInputError(str(exc)) from None
+    print(result.observation())
+    return 0 if result.exit_code == 0 else 1
+
+
+def _folder_files(folder: Path) -> dict[str, bytes]:
+    if not folder.is_dir():
+        raise EnvInputError(f"--files {folder}: not a folder")
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}

@@ -1,0 +1,52 @@
+"""The oracle check of an environment: every task, played through the real episode loop, must
+score full reward with its reference solution and zero with a policy that does nothing.
+
+This is how tasks, graders and the sandbox are tested without a trained model
+(`posttrain envs check KIND`, and the env tests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from models.sampling import SamplingParams
+from tasks.rollouts import ScriptedPolicy, roll_out
+
+SCRIPT_TOKENS = 4096  # a scripted action is never cut
+CHUNK = 32  # episodes played at once (each sandboxed one holds a sandbox)
+
+
+@dataclass(frozen=True)
+class TaskCheck:
+    task_id: str
+    oracle_reward: float
+    no_op_reward: float
+    oracle_correct: bool
+    full_reward: float
+    errors: str  # reward functions that raised, if any
+
+    @property
+    def ok(self) -> bool:
+        return (math.isclose(self.oracle_reward, self.full_reward, abs_tol=1e-9) and self.oracle_correct
+                and math.isclose(self.no_op_reward, 0.0, abs_tol=1e-9) and not self.errors)
+
+
+def _scores(env, tokenizer, tasks, scripts):
+    trajectories = []
+    for start in range(0, len(tasks), CHUNK):
+        policy = ScriptedPolicy(tokenizer, scripts[start:start + CHUNK])
+        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], SamplingParams(SCRIPT_TOKENS))
+    return [(env.rubric.score(t.text, t.task, t.outcome), env.is_correct(t.text, t.task, t.outcome))
+            for t in trajectories]
+
+
+def check_env(env, tokenizer, tasks=None) -> list[TaskCheck]:
+    """One row per task (every shipped task unless `tasks` is given)."""
+    tasks = env.all_tasks() if tasks is None else tasks
+    oracle = _scores(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
+    no_op = _scores(env, tokenizer, tasks, [[""] for _ in tasks])
+    full = env.rubric.reward_range[1]
+    return [TaskCheck(task.id, o.total, n.total, correct, full,
+                      "; ".join(f"{k}: {v}" for k, v in {**o.errors, **n.errors}.items()))
+            for task, (o, correct), (n, _) in zip(tasks, oracle, no_op)]

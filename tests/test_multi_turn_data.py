@@ -1,0 +1,57 @@
+"""Multi-turn data for SFT and preference: the policy's tokens are trained on, the env's never."""
+
+from envs.calc import CalcEnv, CalcEnvConfig
+from models.loading import load_tokenizer
+from models.losses import IGNORE_INDEX
+from models.presets import materialize
+from models.sampling import SamplingParams
+from tasks.preference import encode_pairs, preference_pairs
+from tasks.rollouts import ScriptedPolicy, roll_out
+from tasks.sft import encode_row
+from tasks.synthesize import multi_turn_rows, segments
+
+ENV = CalcEnv(CalcEnvConfig(kind="calc", operands=3, digits=2))
+TOKENIZER = load_tokenizer(materialize("tiny-llama"))
+
+
+def trained_text(example) -> str:
+    return TOKENIZER.decode([t for t in example.labels if t != IGNORE_INDEX])
+
+
+def test_oracle_rows_train_on_actions_only():
+    tasks = ENV.tasks("train", 4, 0)
+    rows, solved = multi_turn_rows(ENV, "calc", tasks, TOKENIZER)
+    assert solved == 4 and len(rows) == 4  # one context stretch per episode
+    for row, task in zip(rows, tasks):
+        example = encode_row(TOKENIZER, row, 512)
+        actions = "".join(ENV.oracle_actions(task))
+        assert trained_text(example) == actions + TOKENIZER.eos_token  # tool results never trained on
+        assert "<result>" in TOKENIZER.decode(example.input_ids)  # ... but they are in the context
+        assert row["completion"] == ENV.reference_completion(task)
+
+
+def test_a_restarted_context_starts_a_new_stretch():
+    task = ENV.tasks("train", 1, 0)[0]
+    trajectory = roll_out(ScriptedPolicy(TOKENIZER, [ENV.oracle_actions(task)]), TOKENIZER, ENV, [task],
+                          SamplingParams(64))[0]
+    assert len(segments(trajectory)) == 1
+    trajectory.turns[1].context_ids = trajectory.prompt_ids  # as if the env had restarted the context
+    stretches = segments(trajectory)
+    assert len(stretches) == 2 and stretches[1][0][:len(trajectory.prompt_ids)] == trajectory.prompt_ids
+
+
+def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
+    task = ENV.tasks("train", 1, 0)[0]
+    good, bad = ENV.oracle_actions(task), ["<calc>1+1</calc>", "The final answer is 2."]
+    trajectories = roll_out(ScriptedPolicy(TOKENIZER, [good, bad]), TOKENIZER, ENV, [task, task], SamplingParams(64))
+    rows = []
+    for index, trajectory in enumerate(trajectories):
+        ids, mask = trajectory.completion()
+        rows.append({"id": f"r{index}", "prompt_id": task.id, "prompt": task.prompt, "mode": "sampled",
+                     "completion": trajectory.text, "tokens": ids, "loss_mask": mask, "doom_loop": False,
+                     "reward": ENV.rubric.score(trajectory.text, task).total})
+    pairs, stats = preference_pairs(rows)
+    assert stats.pairs == 1 and pairs[0]["chosen"] == trajectories[0].text
+    chosen, rejected = encode_pairs(TOKENIZER, pairs, 256)
+    assert trained_text(chosen[0]) == "".join(good)
+    assert trained_text(rejected[0]) == "".join(bad) + TOKENIZER.eos_token
