@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.search_corpus import Corpus, Passage, corpus
 
-PROMPT = "Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\nQuestion: {question}"
+PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"
+          "Question: {question}")
 SEARCH = "<search>{query}</search>"
 ANSWER = "<answer>{answer}</answer>"
 INFORMATION = "\n<information>{passages}</information>\n"

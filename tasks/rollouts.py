@@ -153,4 +153,4 @@ def transcript_answer(answer: Turn) -> str:
     episode ends), then a visible separator and the fresh prompt when the context restarts."""
     if answer.done:
         return ""
-    return answer.observation + (RESTART_SEPARATOR + answer.restart if answer.restart is not None else "")
+    return answer.observation + (RESTART_SEPARATOR + answer.restart + "\n" if answer.restart is not None else "")

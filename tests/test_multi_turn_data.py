@@ -35,7 +35,9 @@ def test_a_restarted_context_starts_a_new_stretch():
     trajectory = roll_out(ScriptedPolicy(TOKENIZER, [ENV.oracle_actions(task)]), TOKENIZER, ENV, [task],
                           SamplingParams(64))[0]
     assert len(segments(trajectory)) == 1
-    trajectory.turns[1].context_ids = trajectory.prompt_ids  # as if the env had restarted the context
+    first, second, third = trajectory.turns  # as if the env had restarted the context after the first action
+    second.context_ids = trajectory.prompt_ids
+    third.context_ids = second.context_ids + second.action_ids + second.observation_ids
     stretches = segments(trajectory)
     assert len(stretches) == 2 and stretches[1][0][:len(trajectory.prompt_ids)] == trajectory.prompt_ids
 

@@ -96,7 +96,8 @@ def test_exact_match_normalizes_and_answer_spam_does_not_pay():
     for bad in ("", f"<answer>{answer} x</answer>", f"<answer>{answer}", f"{answer}", "<answer></answer>",
                 f"<answer>{answer}</answer><answer>{answer}</answer>", f"<answer>no</answer><answer>{answer}</answer>"):
         assert exact_match(bad, TASK) == 0.0
-    spam = play(ENV, TASK, [f"<answer>x</answer><search>{TASK.info['queries'][0]}</search>", f"<answer>{answer}</answer>"])
+    spam = play(ENV, TASK, [f"<answer>x</answer><search>{TASK.info['queries'][0]}</search>",
+                            f"<answer>{answer}</answer>"])
     assert ENV.rubric.score(spam, TASK).total == 0 and not ENV.is_correct(spam, TASK)
 
 
@@ -106,7 +107,8 @@ def test_format_needs_one_search_per_call_and_one_final_answer():
     thinking = play(ENV, TASK, [f"<think>hop one</think>\n{a}" for a in ENV.oracle_actions(TASK)])
     assert format_ok(thinking, TASK) == 1.0 and exact_match(thinking, TASK) == 1.0
     assert format_ok(f"<answer>{TASK.answer}</answer>", TASK) == 1.0  # a lucky guess is well formed
-    for bad in (reference + "trailing <answer>x</answer>", "no tags", play(ENV, TASK, ["why <search>a</search>", "<answer>b</answer>"]),
+    for bad in (reference + "trailing <answer>x</answer>", "no tags",
+                play(ENV, TASK, ["why <search>a</search>", "<answer>b</answer>"]),
                 play(ENV, TASK, ["<search>a</search>", "<search>b</search>"])):
         assert format_ok(bad, TASK) == 0.0
 
@@ -114,7 +116,8 @@ def test_format_needs_one_search_per_call_and_one_final_answer():
 def test_steps_answer_searches_and_end_on_answers_or_no_call():
     episode = ENV.start(TASK)
     first = episode.step(ENV.oracle_actions(TASK)[0])
-    assert not first.done and first.observation.startswith("\n<information>") and first.observation.endswith("</information>\n")
+    assert not first.done and first.observation.startswith("\n<information>")
+    assert first.observation.endswith("</information>\n")
     assert first.observation.count("\n") == 3  # top_k=2 passages, one a line
     for hostile in ('" OR *', "NEAR(a b)", "title:x", "'; DROP TABLE passages; --", "\x00\u2603", "a " * 500):
         assert not episode.step(f"<search>{hostile}</search>").done

@@ -1,0 +1,1 @@
+export PORT=8080

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p backup && cp config.ini backup/
+ls backup

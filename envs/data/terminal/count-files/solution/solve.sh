@@ -1,0 +1,3 @@
+#!/bin/bash
+ls photos | wc -l > total.txt
+cat total.txt

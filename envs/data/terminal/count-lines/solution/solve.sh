@@ -1,0 +1,3 @@
+#!/bin/bash
+wc -l < data.txt > count.txt
+cat count.txt

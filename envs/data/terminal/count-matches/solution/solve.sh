@@ -1,0 +1,3 @@
+#!/bin/bash
+grep -c ERROR log.txt > errors.txt
+cat errors.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+wc -w < text.txt > words.txt
+cat words.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+grep '^a' fruits.txt > a.txt
+cat a.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+head -n 3 list.txt > top.txt
+cat top.txt

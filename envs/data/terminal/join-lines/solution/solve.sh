@@ -1,0 +1,3 @@
+#!/bin/bash
+paste -sd, items.txt > items.csv
+cat items.csv

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p project/src project/tests project/docs
+ls project

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p images && mv *.jpg images/
+ls images

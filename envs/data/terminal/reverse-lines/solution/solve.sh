@@ -1,0 +1,3 @@
+#!/bin/bash
+tac list.txt > reversed.txt
+cat reversed.txt

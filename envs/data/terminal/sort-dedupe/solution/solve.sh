@@ -1,0 +1,3 @@
+#!/bin/bash
+sort -u words.txt > unique.txt
+cat unique.txt

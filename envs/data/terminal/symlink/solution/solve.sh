@@ -1,0 +1,3 @@
+#!/bin/bash
+ln -s v2 latest
+cat latest/README

@@ -1,0 +1,3 @@
+#!/bin/bash
+tr a-z A-Z < name.txt > upper.txt
+cat upper.txt
