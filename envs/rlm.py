@@ -232,26 +232,13 @@ class RlmEpisode:
         return None if result.error else result.output.removesuffix("\n")
 
 
-def _graded(outcome: Outcome, key: str) -> float:
-    if key not in outcome:
-        raise ValueError(f"rlm is graded by its episode: score the outcome its finish() returned (no {key!r})")
-    return outcome[key]
-
-
-def correctness(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
-    return _graded(outcome, "correct")
-
-
-def answered(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
-    return _graded(outcome, "answered")
-
-
-def llm_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
-    return _graded(outcome, "llm_calls")
-
-
-def cells(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
-    return _graded(outcome, "cells")
+def outcome_metric(key: str) -> Callable[..., float]:
+    """A reward function that reads the episode's grade (a FINAL_VAR answer is not in the transcript)."""
+    def read(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+        if key not in outcome:
+            raise ValueError(f"rlm is graded by its episode: score the outcome its finish() returned (no {key!r})")
+        return outcome[key]
+    return read
 
 
 class RlmEnv:
@@ -261,12 +248,8 @@ class RlmEnv:
         self.config = config
         self.name = name
         self.max_turns = config.max_turns
-        self.rubric = Rubric([
-            RewardFunc("correct", correctness, 1.0),
-            RewardFunc("answered", answered, 0.0),
-            RewardFunc("llm_calls", llm_calls, 0.0),
-            RewardFunc("cells", cells, 0.0),
-        ])
+        self.rubric = Rubric([RewardFunc(key, outcome_metric(key), 1.0 if key == "correct" else 0.0)
+                              for key in ("correct", "answered", "llm_calls", "cells")])
 
     @functools.cached_property
     def _catalogue(self) -> list[Task]:
@@ -318,7 +301,7 @@ class RlmEnv:
         return transcript
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return correctness(completion, task, outcome) == 1.0
+        return outcome_metric("correct")(completion, task, outcome) == 1.0
 
     def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return answered(completion, task, outcome) == 1.0
+        return outcome_metric("answered")(completion, task, outcome) == 1.0

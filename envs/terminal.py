@@ -1,14 +1,12 @@
 """`terminal`: shell tasks in a bubblewrap sandbox, in the Terminal-Bench/Harbor task-folder shape.
 
-A task is a folder (its name is the task's id):
-- `instruction.md`: what the policy is asked (the prompt, plus a line on the action format);
-- `task.toml`: Harbor's `[agent] timeout_sec`, `[verifier] timeout_sec`, `[environment] cpus,
-  memory_mb, storage_mb, allow_internet` (must be false: the sandbox has no network), `[metadata]`,
-  and our own top-level `split = "train" | "eval"`;
-- `environment/` (optional): setup files, copied into the workspace /work when the episode starts;
-- `tests/test.sh`: the hidden check. Its folder is copied into a random folder under /tmp only
-  after the episode ended and run there, in the same sandbox, from /work: exit code 0 = passed;
-- `solution/solve.sh`: the oracle, one shell command per line (each line is one action).
+A task is a folder (its name is the task's id): `instruction.md` (the prompt); `task.toml`
+(Harbor's `[agent]`/`[verifier] timeout_sec`, `[environment] cpus, memory_mb, storage_mb,
+allow_internet = false`, `[metadata]`, and our top-level `split = "train" | "eval"`); optional
+`environment/` (setup files copied into the workspace /work at the start); `tests/test.sh` (the
+hidden check: copied to a random folder under /tmp only after the episode ended, run there in
+the same sandbox from /work; exit code 0 = passed); `solution/solve.sh` (the oracle, one
+command per line, each line one action).
 
 The policy writes one command per action, `<bash>wc -l data.txt</bash>`, and the env answers
 `\n<output>6 data.txt\n[exit code 0]</output>\n`; an action without a call (`<done/>`) ends it.
@@ -37,8 +35,7 @@ DONE = "<done/>"
 OUTPUT = "\n<output>{text}</output>\n"
 REQUIRED = ("instruction.md", "task.toml", "tests/test.sh", "solution/solve.sh")
 _CALL = re.compile(r"<bash>(.*?)</bash>", re.S)
-_OBSERVATION = re.compile(r"\n<output>(?:.*?)</output>\n", re.S)
-_OBSERVATION_TEXT = re.compile(r"\n<output>(.*?)</output>\n", re.S)
+_OBSERVATION = re.compile(r"\n<output>(.*?)</output>\n", re.S)
 _FORMATTED = re.compile(r"(?:<bash>(?:(?!</?bash>).)+</bash>\n<output>(?:(?!</output>).)*</output>\n)*"
                         r"(?:(?!<bash>).)*", re.S)
 _HEREDOC = re.compile(r"(?<!<)<<(?!<)")
@@ -46,15 +43,11 @@ _TOML_POSITION = re.compile(r"(.*) \(at line (\d+), column \d+\)$", re.S)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)  # a typo or a quoted number is an error
 
 
-class AgentSection(_Section):
-    timeout_sec: float = Field(600.0, gt=0)  # per command here: capped by the env's sandbox.wall_seconds
-
-
-class VerifierSection(_Section):
-    timeout_sec: float = Field(600.0, gt=0)
+class Timeout(_Section):
+    timeout_sec: float = Field(600.0, gt=0)  # capped by the env's sandbox.wall_seconds (the agent's: per command)
 
 
 class EnvironmentSection(_Section):
@@ -76,8 +69,8 @@ class TaskToml(_Section):
     version: str = "1.0"
     split: Literal["train", "eval"] = "train"
     metadata: dict[str, object] = {}
-    agent: AgentSection = AgentSection()
-    verifier: VerifierSection = VerifierSection()
+    agent: Timeout = Timeout()
+    verifier: Timeout = Timeout()
     environment: EnvironmentSection = EnvironmentSection()
 
 
@@ -215,7 +208,7 @@ class TerminalEpisode:
 
 def actions_of(transcript: str) -> list[str]:
     """The policy's actions in a transcript (the env's observations cut out)."""
-    return _OBSERVATION.split(transcript)
+    return _OBSERVATION.split(transcript)[0::2]  # the split's odd items are the captured observations
 
 
 def tests_passed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
@@ -230,7 +223,7 @@ def commands_issued(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) 
 
 def command_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     """Commands that failed: a non-zero exit code, a timeout, or a sandbox error."""
-    return float(sum(1 for text in _OBSERVATION_TEXT.findall(transcript)
+    return float(sum(1 for text in _OBSERVATION.findall(transcript)
                      if text.rsplit("\n", 1)[-1] != "[exit code 0]"))
 
 

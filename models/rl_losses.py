@@ -76,6 +76,78 @@ def step_advantages(step_rewards: list[list[float]], group_size: int, gamma: flo
     return out
 
 
+COD_KINDS = ("solve", "hint")
+
+
+def cod_returns(step_rewards: list[float], kinds: list[str]) -> list[float]:
+    """Connect the Dots' per-step returns of one pack episode ("mean" style, DOMAIN.md, CoD).
+
+    With r_0 … r_{S−1} the rewards of the solve turns in order and r^z_k that of the hint written
+    after solve k:
+        solve j:  R_j   = mean(r_j, r_{j+1}, …, r_{S−1})
+        hint k:   R^z_k = mean(r^z_k, r_{k+1}, …, r_{S−1})
+    so a hint (and an early attempt) is paid by how well the tasks after it went. S counts the
+    solves the trajectory holds: a pack cut short averages over what it reached.
+    """
+    if any(kind not in COD_KINDS for kind in kinds):
+        raise ValueError(f"cod returns need turns of kind {COD_KINDS}, got {sorted(set(kinds))}")
+    solves = [reward for reward, kind in zip(step_rewards, kinds) if kind == "solve"]
+    returns, seen = [], 0  # seen: solves up to and including this turn
+    for reward, kind in zip(step_rewards, kinds):
+        if kind == "solve":
+            future = solves[seen:]
+            seen += 1
+        else:
+            future = [reward, *solves[seen:]]
+        returns.append(sum(future) / len(future))
+    return returns
+
+
+def cod_slots(kinds: list[str]) -> list[tuple[str, int]]:
+    """(kind, index among the turns of that kind) of each turn: solve 0, hint 0, solve 1, …"""
+    counts = {kind: 0 for kind in COD_KINDS}
+    slots = []
+    for kind in kinds:
+        slots.append((kind, counts[kind]))
+        counts[kind] += 1
+    return slots
+
+
+def cod_advantages(step_rewards: list[list[float]], kinds: list[list[str]], group_size: int,
+                   scale: str = "none") -> list[list[float]]:
+    """CoD's step advantages, one per turn of each pack episode.
+
+    A = R − mean_G(R), R from `cod_returns` and mean_G over the trajectories of the same group
+    (the G rollouts of one pack, laid out group by group, `group_size` per pack) at the same
+    slot (episode type and index: solve j, or hint k). `none` keeps the difference; `group`
+    divides by the unbiased std of the slot's returns + 1e-4, `batch` by that of every return in
+    the batch. A NaN return gets advantage 0 and is left out of the statistics.
+    """
+    import torch
+
+    returns = [cod_returns(rewards, turn_kinds) for rewards, turn_kinds in zip(step_rewards, kinds)]
+    flat = torch.tensor([r for trajectory in returns for r in trajectory], dtype=torch.float64)
+    keys = [(i // group_size, *slot) for i, turn_kinds in enumerate(kinds) for slot in cod_slots(turn_kinds)]
+    advantages = torch.zeros_like(flat)
+    for key in set(keys):
+        rows = torch.tensor([k == key for k in keys])
+        values = flat[rows]
+        centered = values - values.nanmean()
+        if scale == "group":
+            centered = centered / (_nanstd(values.view(1, -1), dim=1) + ADVANTAGE_EPS)
+        advantages[rows] = centered
+    if scale == "batch":
+        advantages = advantages / (_nanstd(flat.view(1, -1), dim=1) + ADVANTAGE_EPS)
+    elif scale not in ("group", "none"):
+        raise ValueError(f"unknown reward scaling {scale!r}")
+    advantages = torch.nan_to_num(advantages, nan=0.0).tolist()
+    out, start = [], 0
+    for trajectory in returns:
+        out.append(advantages[start:start + len(trajectory)])
+        start += len(trajectory)
+    return out
+
+
 def _nanstd(values, dim: int):
     """Unbiased std over the non-NaN entries along `dim`."""
     count = (~values.isnan()).sum(dim=dim)

@@ -4,7 +4,8 @@ padding, and the policy's per-token log-probs.
 `grpo` trains one row per trajectory: the prompt, then every action and observation, with
 the env-written tokens masked, and the trajectory's group advantage on every token.
 `steppo` trains one row per turn: the state (context) as prompt and the action as the
-completion, with the step's advantage (group-normalized reward-to-go).
+completion, with the step's advantage: group-normalized reward-to-go, or with credit `cod`
+Connect the Dots' mean-style returns against the same slot of the pack's other rollouts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.losses import token_logps
-from models.rl_losses import group_advantages, step_advantages
+from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, step_advantages
 from models.sampling import left_padded
 
 
@@ -25,7 +26,7 @@ class Row:
 
 
 def training_rows(scored_groups: list[list], algorithm: str, group_size: int, scale: str, gamma: float,
-                  mask_truncated: bool) -> list[Row]:
+                  mask_truncated: bool, credit: str = "reward_to_go") -> list[Row]:
     """Rows of the kept groups (each a list of `group_size` scored trajectories of one prompt)."""
     import torch
 
@@ -40,7 +41,12 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
             rows.append(Row(s.trajectory.prompt_ids, ids, mask, advantage))
         return rows
     if algorithm == "steppo":
-        per_step = step_advantages([s.step_rewards for s in scored], group_size, gamma, scale)
+        if credit == "cod":
+            per_step = cod_credit(scored_groups, group_size, gamma, scale)
+        elif credit == "reward_to_go":
+            per_step = step_advantages([s.step_rewards for s in scored], group_size, gamma, scale)
+        else:
+            raise ValueError(f"unknown credit {credit!r}")
         rows = []
         for s, advantages in zip(scored, per_step):
             for turn, advantage in zip(s.trajectory.turns, advantages):
@@ -48,6 +54,27 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
                 rows.append(Row(turn.context_ids, turn.action_ids, [keep] * len(turn.action_ids), advantage))
         return rows
     raise ValueError(f"unknown algorithm {algorithm!r}")
+
+
+def cod_credit(scored_groups: list[list], group_size: int, gamma: float, scale: str) -> list[list[float]]:
+    """Step advantages under credit `cod`: the groups of CoD packs (turns of kind solve/hint) get
+    `cod_advantages`; the other envs' groups of a mix keep reward-to-go (`step_advantages`)."""
+    is_cod = [any(turn.kind in COD_KINDS for s in group for turn in s.trajectory.turns) for group in scored_groups]
+    packs = [s for group, cod in zip(scored_groups, is_cod) if cod for s in group]
+    others = [s for group, cod in zip(scored_groups, is_cod) if not cod for s in group]
+    pack_rows = iter(cod_advantages([s.step_rewards for s in packs], [cod_kinds(s.trajectory.turns) for s in packs],
+                                    group_size, scale) if packs else [])
+    other_rows = iter(step_advantages([s.step_rewards for s in others], group_size, gamma, scale) if others else [])
+    return [next(pack_rows if cod else other_rows) for group, cod in zip(scored_groups, is_cod) for _ in group]
+
+
+def cod_kinds(turns) -> list[str]:
+    """The kinds of a pack episode's turns; a cut action (kind "action": the env never saw it) is
+    the turn that alternation gives: a hint after a solve, else a solve."""
+    kinds = []
+    for turn in turns:
+        kinds.append(turn.kind if turn.kind in COD_KINDS else "hint" if kinds[-1:] == ["solve"] else "solve")
+    return kinds
 
 
 def padded_rows(rows: list[Row], pad_id: int, device):

@@ -55,5 +55,5 @@ def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
     pairs, stats = preference_pairs(rows)
     assert stats.pairs == 1 and pairs[0]["chosen"] == trajectories[0].text
     chosen, rejected = encode_pairs(TOKENIZER, pairs, 256)
-    assert trained_text(chosen[0]) == "".join(good)
+    assert trained_text(chosen[0]) == "".join(good) + TOKENIZER.eos_token
     assert trained_text(rejected[0]) == "".join(bad) + TOKENIZER.eos_token
