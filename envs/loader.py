@@ -8,15 +8,14 @@ from pydantic import Field, TypeAdapter
 
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.calc import CalcEnv, CalcEnvConfig
+from envs.search import SearchEnv, SearchEnvConfig
 
-EnvConfig = Annotated[Union[ArithEnvConfig, CalcEnvConfig], Field(discriminator="kind")]
+ENV_CLASSES = {ArithEnvConfig: ArithEnv, CalcEnvConfig: CalcEnv, SearchEnvConfig: SearchEnv}
+EnvConfig = Annotated[Union[tuple(ENV_CLASSES)], Field(discriminator="kind")]
 ENV_CONFIG = TypeAdapter(EnvConfig)
-ENV_KINDS = ("arith", "calc")
+ENV_KINDS = tuple(config.model_fields["kind"].annotation.__args__[0] for config in ENV_CLASSES)
 
 
-def make_env(name: str, config: EnvConfig) -> ArithEnv | CalcEnv:
-    if isinstance(config, ArithEnvConfig):
-        return ArithEnv(config, name)
-    if isinstance(config, CalcEnvConfig):
-        return CalcEnv(config, name)
-    raise TypeError(f"no environment for config {type(config).__name__}")
+def make_env(name: str, config: EnvConfig):
+    """The environment of a config (its id in the spec is `name`)."""
+    return ENV_CLASSES[type(config)](config, name)
