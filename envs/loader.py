@@ -19,3 +19,4 @@ ENV_KINDS = tuple(config.model_fields["kind"].annotation.__args__[0] for config 
 def make_env(name: str, config: EnvConfig):
     """The environment of a config (its id in the spec is `name`)."""
     return ENV_CLASSES[type(config)](config, name)
+

@@ -128,10 +128,9 @@ def load_task(folder: Path) -> Task:
         raise ValueError(f"{_shown(folder / 'instruction.md')}: empty")
     solution_commands(folder / "solution" / "solve.sh")
     return Task(id=folder.name, prompt=instruction + REMINDER, answer="",
-                info={"path": str(folder.resolve()), "split": config.split,
-                      "agent_timeout_sec": config.agent.timeout_sec,
-                      "verifier_timeout_sec": config.verifier.timeout_sec,
-                      "memory_mb": config.environment.memory_mb, "storage_mb": config.environment.storage_mb})
+                info={"path": str(folder.resolve()), "split": config.split, "agent_timeout_sec": config.agent.timeout_sec,
+                      "verifier_timeout_sec": config.verifier.timeout_sec, "memory_mb": config.environment.memory_mb,
+                      "storage_mb": config.environment.storage_mb})
 
 
 def load_tasks(folder: Path) -> list[Task]:
@@ -150,9 +149,7 @@ def load_tasks(folder: Path) -> list[Task]:
 
 def _files_under(folder: Path) -> dict[str, Path]:
     """Files below `folder` by their path relative to it (none when the folder is absent)."""
-    if not folder.is_dir():
-        return {}
-    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
 
 
 def _observation(result: Result) -> str:
@@ -172,7 +169,7 @@ class TerminalEpisode:
         executable = [shlex.quote(name) for name, path in setup.items() if path.stat().st_mode & 0o111]
         if executable:
             self.sandbox.run("chmod +x -- " + " ".join(executable))
-        self.outcome: Outcome | None = None
+        self.outcome: Outcome | None = None  # set once, by finish
 
     def step(self, action: str) -> Turn:
         call = _CALL.search(action)
@@ -197,18 +194,13 @@ class TerminalEpisode:
                 self.sandbox.close()
         return self.outcome
 
-    def _run_tests(self) -> bool:
+    def _run_tests(self) -> bool:  # test.sh's output is not kept: the outcome is its exit code
         hidden = f"/tmp/.verifier-{secrets.token_hex(8)}"  # a name the policy could not have guessed
         for name, path in _files_under(self.folder / "tests").items():
             self.sandbox.write(f"{hidden}/{name}", path.read_bytes())
         result = self.sandbox.run(f"TESTS_DIR={hidden} timeout {self.verifier_seconds:g} "
                                   f"bash {hidden}/test.sh >/dev/null 2>&1")
         return result.error is None and result.exit_code == 0
-
-
-def actions_of(transcript: str) -> list[str]:
-    """The policy's actions in a transcript (the env's observations cut out)."""
-    return _OBSERVATION.split(transcript)[0::2]  # the split's odd items are the captured observations
 
 
 def tests_passed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
@@ -218,7 +210,8 @@ def tests_passed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> 
 
 
 def commands_issued(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
-    return float(sum(1 for action in actions_of(transcript) if _CALL.search(action)))
+    actions = _OBSERVATION.split(transcript)[0::2]  # the odd items are the (captured) observations
+    return float(sum(1 for action in actions if _CALL.search(action)))
 
 
 def command_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
@@ -251,11 +244,8 @@ class TerminalEnv:
             if len(self.oracle_actions(task)) > self.max_turns:
                 raise ValueError(f"{_shown(self.folder / task.id / 'solution' / 'solve.sh')}: the oracle needs "
                                  f"more than max_turns={self.max_turns} actions")
-        self.rubric = Rubric([
-            RewardFunc("tests", tests_passed, 1.0),
-            RewardFunc("commands", commands_issued, 0.0),
-            RewardFunc("command_errors", command_errors, 0.0),
-        ])
+        self.rubric = Rubric([RewardFunc("tests", tests_passed, 1.0), RewardFunc("commands", commands_issued, 0.0),
+                              RewardFunc("command_errors", command_errors, 0.0)])
 
     def all_tasks(self) -> list[Task]:
         return list(self._tasks)
@@ -292,11 +282,9 @@ class TerminalEnv:
         """The oracle's transcript, played through a real episode (its sandbox included)."""
         episode, transcript = self.start(task), ""
         try:
-            for action in self.oracle_actions(task):
+            for action in self.oracle_actions(task):  # its last action ends the episode
                 turn = episode.step(action)
                 transcript += action + ("" if turn.done else turn.observation)
-                if turn.done:
-                    break
         finally:
             episode.finish()
         return transcript
@@ -305,6 +293,5 @@ class TerminalEnv:
         return "tests_passed" in outcome and outcome["tests_passed"] == 1.0
 
     def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        """Every action but the last is exactly one `<bash>…</bash>` call (the last is one too when
-        the turn limit cut the episode, else it makes none)."""
+        """Every action but the last is exactly one `<bash>…</bash>` call (the last too, if the turn limit cut it)."""
         return bool(_FORMATTED.fullmatch(completion))

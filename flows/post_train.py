@@ -14,7 +14,7 @@ from artifacts.store import Store, now_iso
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, parse_spec, topological_order
 from models.loading import base_identity
-from tasks.runner import code_version, run_stage, stage_cache_key
+from tasks.runner import code_version, run_stage, stage_cache_key, task_folder_digest
 
 
 # The stage's own timeout kills its child process and names the stage; Prefect's task timeout
@@ -31,7 +31,8 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     env_ids = [env_id for _, env_id in stage.env_refs()]
     envs = {env_id: spec.envs[env_id].model_dump() for env_id in env_ids}
     model = spec.model.model_dump()
-    context = {"model": model, "base": base_identity(spec.model.base), "envs": envs}
+    context = {"model": model, "base": base_identity(spec.model.base), "envs": envs,
+               "env_data": {env_id: task_folder_digest(spec.envs[env_id]) for env_id in env_ids}}
     key = stage_cache_key(stage.kind, stage.params(), inputs, context)
     producer = {"pipeline": spec.name, "run_id": run_id, "stage_id": stage.id, "stage_kind": stage.kind,
                 "config_hash": hash_value(stage.params())[:16], "code_version": code_version(),

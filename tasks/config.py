@@ -168,7 +168,9 @@ class RlStage(TrainStage):
 
     `grpo`: one training row per trajectory (env-written tokens masked), token-level ratio.
     `steppo`: one row per turn (the action), critic-free step advantages from group-normalized
-    rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO).
+    rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO). With `credit: cod`,
+    Connect the Dots packs get mean-style returns against the same slot of the pack's other
+    rollouts (DOMAIN.md, CoD), by default without std scaling (`scale_rewards` left unset).
     """
 
     kind: Literal["rl"]
@@ -185,6 +187,7 @@ class RlStage(TrainStage):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     num_iterations: int = Field(1, ge=1)  # updates per batch; the ratio's old policy is the sampling one
     gamma: float = Field(1.0, gt=0, le=1)  # steppo: discount of the reward-to-go
+    credit: Literal["reward_to_go", "cod"] = "reward_to_go"  # steppo: how step rewards become returns
     dynamic_sampling: DynamicSampling | None = None
     overlong: Overlong | None = None
     mask_truncated: bool = False  # actions cut by max_tokens add no gradient (grpo: their whole trajectory)
@@ -201,6 +204,10 @@ class RlStage(TrainStage):
             raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon_low ({self.epsilon_low})")
         if self.overlong is not None and self.overlong.buffer >= self.max_tokens:
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
+        if self.credit == "cod" and self.algorithm != "steppo":
+            raise ValueError("credit: cod assigns credit per step; use algorithm: steppo")
+        if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
+            self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
         return self
 
     def env_refs(self):

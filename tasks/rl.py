@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from envs.base import RewardFunc, Rubric
+from envs.cod import CodEnv
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
@@ -65,15 +66,27 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
     total = score.total
     if not valid and stage.anti_doom is not None and stage.anti_doom.validate_trace and math.isfinite(total):
         total = rubric.penalties(score)  # a reward function that raised stays NaN: never a silent value
-    overlong = 0.0
+    overlong, overlong_penalty = 0.0, 0.0
     if stage.overlong is not None:
         overlong = max(overlong_excess(len(turn.action_ids), stage.max_tokens, stage.overlong.buffer)
                        for turn in trajectory.turns)
-        total -= stage.overlong.penalty * overlong
+        overlong_penalty = stage.overlong.penalty * overlong
+        total -= overlong_penalty
     step_rewards = [turn.reward for turn in trajectory.turns]
-    step_rewards[-1] += total
+    if isinstance(env, CodEnv):
+        # paid per solve turn already (its rubric restates them as the pack's mean): only the
+        # stage's shaping is added, and a cut pack keeps what its solved tasks earned
+        step_rewards[-1] += stage_terms(score, env.rubric, rubric) - overlong_penalty
+    else:
+        step_rewards[-1] += total
     return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome), detector.is_loop(text, trajectory.truncated),
                   score.rewards.get("repetition", 0.0), overlong, valid)
+
+
+def stage_terms(score, env_rubric: Rubric, rubric: Rubric) -> float:
+    """The weighted terms the stage added to the env's rubric (the anti-doom penalty)."""
+    own = {f.name for f in env_rubric.funcs}
+    return sum(f.weight * score.rewards[f.name] for f in rubric.funcs if f.name not in own and f.weight)
 
 
 def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0):
@@ -143,6 +156,21 @@ def batch_metrics(sampled: list[Scored], env_ids: list[str]) -> dict:
             mine = [s for s in sampled if s.trajectory.env_id == env_id]
             if mine:
                 metrics.update(episode_metrics(mine, f"{env_id}/"))
+                metrics.update(position_metrics(mine, f"{env_id}/"))
+    else:
+        metrics.update(position_metrics(sampled))
+    return metrics
+
+
+def position_metrics(sampled: list[Scored], prefix: str = "") -> dict:
+    """CoD's reward by position in the pack: `solve_reward_j` = the mean `position_j` of the
+    episodes' outcomes (a task its pack never reached counts 0), for the positions they hold."""
+    positions = sorted({int(key.removeprefix("position_")) for s in sampled for key in s.trajectory.outcome
+                        if key.startswith("position_")})
+    metrics = {}
+    for j in positions:
+        values = [s.trajectory.outcome[f"position_{j}"] for s in sampled if f"position_{j}" in s.trajectory.outcome]
+        metrics[f"{prefix}solve_reward_{j}"] = sum(values) / len(values)
     return metrics
 
 
@@ -163,7 +191,7 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
     import torch
 
     rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
-                         stage.mask_truncated)
+                         stage.mask_truncated, stage.credit)
     device = training.accelerator.device
     batch = padded_rows(rows, pad_id, device)
     prompt, prompt_mask, completion, completion_mask, loss_mask = batch
@@ -196,6 +224,9 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source)
     envs = {env_id: make_env(env_id, ctx.envs[env_id]) for env_id in stage.envs}
+    for env_id, env in envs.items():
+        if isinstance(env, CodEnv) and stage.algorithm != "steppo":  # a grpo row is one growing context
+            raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")
     rubric_of = {env_id: shaped_rubric(env.rubric, stage) for env_id, env in envs.items()}
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
     training = start_training(ctx, stage, source, stage.steps, tokenizer, updates_per_step=stage.num_iterations)

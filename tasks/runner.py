@@ -6,6 +6,8 @@ retries, retry delay, timeout and tags); the per-kind logic lives in the stage m
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 import signal
@@ -42,10 +44,22 @@ def retry_unless_contract_failed(task, task_run, state) -> bool:
 def code_version() -> str:
     """Hash of the source of everything a stage runs; a code change invalidates the cache."""
     sources = {}
-    for package in _PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            sources[path.relative_to(ROOT).as_posix()] = hash_value(path.read_text())
+    for package in _PACKAGES:  # sources and shipped data (env task folders)
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                sources[path.relative_to(ROOT).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
     return hash_value(sources)[:16]
+
+
+def task_folder_digest(env_config) -> str | None:
+    """Hash of a user task folder's files (a changed task changes the stages that use it); None for
+    envs on shipped or generated tasks, which the code version covers."""
+    folder = getattr(env_config, "tasks", None)  # only the folder-based kinds have a `tasks` path
+    if not isinstance(folder, str):
+        return None
+    files = sorted(path for path in Path(folder).rglob("*") if path.is_file())
+    return hash_value({path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+                       for path in files})
 
 
 def stage_cache_key(kind: str, params: dict, inputs: dict[str, str], context: dict) -> str:
