@@ -8,9 +8,10 @@ from pydantic import Field, TypeAdapter
 
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.calc import CalcEnv, CalcEnvConfig
+from envs.cod import CodEnv, CodEnvConfig
 from envs.search import SearchEnv, SearchEnvConfig
 
-ENV_CLASSES = {ArithEnvConfig: ArithEnv, CalcEnvConfig: CalcEnv, SearchEnvConfig: SearchEnv}
+ENV_CLASSES = {ArithEnvConfig: ArithEnv, CalcEnvConfig: CalcEnv, SearchEnvConfig: SearchEnv, CodEnvConfig: CodEnv}
 EnvConfig = Annotated[Union[tuple(ENV_CLASSES)], Field(discriminator="kind")]
 ENV_CONFIG = TypeAdapter(EnvConfig)
 ENV_KINDS = tuple(config.model_fields["kind"].annotation.__args__[0] for config in ENV_CLASSES)

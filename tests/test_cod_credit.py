@@ -46,7 +46,8 @@ def test_advantage_is_the_return_minus_the_mean_of_the_same_slot_over_the_group(
 
 
 def test_std_scaling_when_asked_and_groups_kept_apart():
-    # group: the unbiased std of two values is |a − b|/√2; hint 0: (2/3 − 1/3)/√2, A's advantage (1/6)/(std + 1e-4)
+    # group: the unbiased std of two values is |a − b|/√2; hint 0: (2/3 − 1/3)/√2,
+    # A's advantage (1/6)/(std + 1e-4)
     scaled = cod_advantages([A, B], [PACK, PACK], group_size=2, scale="group")
     hint_std = (1 / 3) / math.sqrt(2)
     assert scaled[0][1] == pytest.approx((1 / 6) / (hint_std + 1e-4))
@@ -55,8 +56,9 @@ def test_std_scaling_when_asked_and_groups_kept_apart():
     C, D = [1.0, 0.0], [1.0, 0.0, 1.0, 0.0, 1.0]
     both = cod_advantages([A, B, C, D], [PACK, PACK, ["solve", "hint"], PACK], group_size=2)
     assert both[0] == pytest.approx(ADVANTAGES_A)  # the first group is untouched by the second
-    # C: R_0 = 1, R^z_0 = 0 (nothing after it); D: R_0 = 1, R^z_0 = 1, later slots only D's (advantage 0)
-    assert both[2] == pytest.approx([0.0, -0.5]) and both[3] == pytest.approx([0.0, 0.5, 0.0, 0.0, 0.0])
+    # C: R_0 = 1, R^z_0 = 0/1 = 0 (no solve after it); D: R_0 = 1, R^z_0 = (0+1+1)/3 = 2/3: hint-0 mean 1/3;
+    # D's later slots have no other rollout: advantage 0
+    assert both[2] == pytest.approx([0.0, -1 / 3]) and both[3] == pytest.approx([0.0, 1 / 3, 0.0, 0.0, 0.0])
 
 
 def test_a_nan_reward_gets_no_advantage_and_stays_out_of_the_baseline():
@@ -78,8 +80,10 @@ def test_steppo_rows_under_cod_credit_and_reward_to_go_for_other_envs_of_a_mix()
     assert [r.advantage for r in rows[5:10]] == pytest.approx([-a for a in ADVANTAGES_A])
     # calc keeps rewards-to-go 1, 1 | 0, 0 against their group mean 1/2
     assert [r.advantage for r in rows[10:]] == pytest.approx([0.5, 0.5, -0.5, -0.5])
-    plain = training_rows(groups, "steppo", 2, "none", 1.0, False)  # the default credit: rewards-to-go
-    assert plain[0].advantage == pytest.approx(sum(A) - (sum(A) + sum(B)) / 2 + (sum(A) - sum(A)))
+    # the default credit, rewards-to-go pooled over every step of the group: A 1.5 1.5 1.5 .5 1, B 2 1 1 1 1,
+    # mean 12/10 = 1.2, so A's first step gets .3
+    plain = training_rows(groups, "steppo", 2, "none", 1.0, False)
+    assert plain[0].advantage == pytest.approx(0.3)
 
 
 def test_a_cut_action_takes_the_kind_alternation_gives_it():

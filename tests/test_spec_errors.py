@@ -104,6 +104,18 @@ CASES = {
     "calc env with one operand": (
         {**GOOD, "envs": {**GOOD["envs"], "calc": {"kind": "calc", "operands": 1}}},
         "envs.calc.operands: Input should be greater than or equal to 2"),
+    "generate on a cod env": (
+        {**GOOD, "envs": {**GOOD["envs"], "packs": {"kind": "cod"}},
+         "stages": GOOD["stages"] + [ONPOLICY | {"env": "packs"}]},
+        "stages[3].env: env 'packs' (cod) restarts its context for every task of a pack; only an rl stage "
+        "with algorithm: steppo can train on it"),
+    "grpo on a cod env": (
+        {**GOOD, "envs": {**GOOD["envs"], "packs": {"kind": "cod"}},
+         "stages": GOOD["stages"] + [RL | {"envs": {"arith": 1.0, "packs": 1.0}}]},
+        "stages[3].envs.packs: env 'packs' (cod) restarts its context"),
+    "cod credit with grpo": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"credit": "cod"}]},
+        "stages[3]: Value error, credit: cod"),
     "rl env weight 0": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
         "stages[3].envs.arith: Input should be greater than 0"),
