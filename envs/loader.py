@@ -9,9 +9,11 @@ from pydantic import Field, TypeAdapter
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.calc import CalcEnv, CalcEnvConfig
 from envs.cod import CodEnv, CodEnvConfig
+from envs.openclaw import OpenClawEnv, OpenClawEnvConfig
 from envs.search import SearchEnv, SearchEnvConfig
 
-ENV_CLASSES = {ArithEnvConfig: ArithEnv, CalcEnvConfig: CalcEnv, SearchEnvConfig: SearchEnv, CodEnvConfig: CodEnv}
+ENV_CLASSES = {ArithEnvConfig: ArithEnv, CalcEnvConfig: CalcEnv, SearchEnvConfig: SearchEnv, CodEnvConfig: CodEnv,
+               OpenClawEnvConfig: OpenClawEnv}
 EnvConfig = Annotated[Union[tuple(ENV_CLASSES)], Field(discriminator="kind")]
 ENV_CONFIG = TypeAdapter(EnvConfig)
 ENV_KINDS = tuple(config.model_fields["kind"].annotation.__args__[0] for config in ENV_CLASSES)

@@ -26,8 +26,9 @@ from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspac
 from envs.sandbox import Sandbox, SandboxLimits
 
 DATA = Path(__file__).parent / "data" / "openclaw"
-TOOLS_HELP = ('Tools, one per turn: <tool>{"name":"exec","command":"ls"}</tool>; also read {path}, write {path,content}, '
-              'edit {path,old,new}, memory_search {query}, memory_get {path}, web_search {query}, web_fetch {url}. '
+TOOLS_HELP = ('Tools, one per turn: <tool>{"name":"exec","command":"ls"}</tool>; also read {path}, '
+              'write {path,content}, edit {path,old,new}, memory_search {query}, memory_get {path}, '
+              'web_search {query}, web_fetch {url}. '
               'A reply without a tool ends the task.')
 SKILLS_HELP = "Skills (read skills/<name>/SKILL.md first): {skills}."
 ORACLE_HEADING = "## Oracle"
@@ -52,11 +53,18 @@ class Skill:
     files: dict[str, str]  # workspace path -> content (SKILL.md and anything beside it)
 
 
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+
+
 def front_matter(text: str, source: Path) -> tuple[dict[str, object], str]:
     """The `key: value` fields between the leading `---` fences, and the text after them."""
     lines = text.split("\n")
     closing = [i for i, line in enumerate(lines) if line.strip() == "---" and i > 0]
-    if not lines or lines[0].strip() != "---" or not closing:
+    if lines[0].strip() != "---" or not closing:
         raise ValueError(f"{source}: no front matter (a `---` line, `key: value` lines, a `---` line)")
     fields: dict[str, object] = {}
     for number, line in enumerate(lines[1:closing[0]], 2):
@@ -76,12 +84,12 @@ def load_skill(folder: Path) -> Skill:
     source = folder / "SKILL.md"
     if not source.is_file():
         raise ValueError(f"{source}: missing (every skill folder holds a SKILL.md)")
-    fields, _ = front_matter(source.read_text(), source)
+    fields, _ = front_matter(read_text(source), source)
     if set(fields) != SKILL_KEYS or not all(isinstance(value, str) and value for value in fields.values()):
         raise ValueError(f"{source}: front matter needs exactly a non-empty `name` and `description`")
     if fields["name"] != folder.name:
         raise ValueError(f"{source}: name {fields['name']!r} is not the folder's name {folder.name!r}")
-    files = {f"skills/{folder.name}/{path.relative_to(folder).as_posix()}": path.read_text()
+    files = {f"skills/{folder.name}/{path.relative_to(folder).as_posix()}": read_text(path)
              for path in sorted(folder.rglob("*")) if path.is_file()}
     return Skill(fields["name"], fields["description"], files)
 
@@ -110,8 +118,9 @@ def workspace_files(entries: object, files: Path, source: Path) -> dict[str, str
                 path = workspace_path(entry)
                 if not (files / path).is_file():
                     raise ValueError(f"workspace file {entry!r} is not in {files}")
-                workspace[path] = (files / path).read_text()
-            elif isinstance(entry, dict) and set(entry) == {"path", "content"} and isinstance(entry["content"], str):
+                workspace[path] = read_text(files / path)
+            elif isinstance(entry, dict) and set(entry) == {"path", "content"} and all(
+                    isinstance(value, str) for value in entry.values()):
                 workspace[workspace_path(entry["path"])] = entry["content"]
             else:
                 raise ValueError(f"a workspace file is a name or {{\"path\", \"content\"}}, not {entry!r}")
@@ -136,7 +145,7 @@ def oracle_lines(body: str, source: Path) -> tuple[str, list[str]]:
 
 
 def load_task(source: Path, skills: dict[str, Skill], files: Path) -> Task:
-    fields, body = front_matter(source.read_text(), source)
+    fields, body = front_matter(read_text(source), source)
     if not {"id", "category", "grading_type", "timeout_seconds", "split", "grader"} <= set(fields) <= TASK_KEYS:
         raise ValueError(f"{source}: front matter needs id, category, grading_type, timeout_seconds, split, grader "
                          f"(and may have workspace_files, grader_args, skills); got {', '.join(fields)}")
@@ -147,7 +156,7 @@ def load_task(source: Path, skills: dict[str, Skill], files: Path) -> Task:
     if not str(fields["timeout_seconds"]).isdigit() or int(fields["timeout_seconds"]) < 1:
         raise ValueError(f"{source}: timeout_seconds must be a positive integer")
     task_skills = fields["skills"] if "skills" in fields else []
-    if not isinstance(task_skills, list) or not set(task_skills) <= set(skills):
+    if not isinstance(task_skills, list) or not all(isinstance(name, str) and name in skills for name in task_skills):
         raise ValueError(f"{source}: skills must be a JSON list of shipped skills ({', '.join(skills)})")
     grader_args = fields["grader_args"] if "grader_args" in fields else {}
     try:
@@ -161,6 +170,19 @@ def load_task(source: Path, skills: dict[str, Skill], files: Path) -> Task:
     return Task(id=fields["id"], prompt=full_prompt, answer="", info={
         "category": fields["category"], "split": fields["split"], "timeout_seconds": int(fields["timeout_seconds"]),
         "workspace": workspace, "grader": fields["grader"], "grader_args": grader_args, "oracle": actions})
+
+
+def graded(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    """The task's grader on the finished episode (a missing outcome raises: an ungraded episode is no 0)."""
+    return outcome["graded"]
+
+
+def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return outcome["tool_calls"]
+
+
+def tool_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    return outcome["tool_errors"]
 
 
 class OpenClawEnv:
@@ -179,9 +201,9 @@ class OpenClawEnv:
         self.catalogue = [load_task(path, self.skills, root / "tasks" / "files")
                           for path in sorted((root / "tasks").glob("*.md"))]
         self.rubric = Rubric([
-            RewardFunc("task", lambda transcript, task, outcome: outcome["graded"], 1.0),
-            RewardFunc("tool_calls", lambda transcript, task, outcome: outcome["tool_calls"], 0.0),
-            RewardFunc("tool_errors", lambda transcript, task, outcome: outcome["tool_errors"], 0.0),
+            RewardFunc("task", graded, 1.0),
+            RewardFunc("tool_calls", tool_calls, 0.0),
+            RewardFunc("tool_errors", tool_errors, 0.0),
         ])
 
     def all_tasks(self) -> list[Task]:

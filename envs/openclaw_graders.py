@@ -24,6 +24,10 @@ def final_reply(transcript: str) -> str:
     return "" if TOOL_OPEN in last else last
 
 
+def is_memory_file(path: str) -> bool:
+    return path == "MEMORY.md" or (path.startswith("memory/") and path.endswith(".md"))
+
+
 def text_of(workspace: Workspace, path: str) -> str | None:
     data = workspace[path] if path in workspace else None
     return None if data is None else data.decode("utf-8", "replace")
@@ -55,7 +59,7 @@ def file_moved(transcript: str, workspace: Workspace, source: str, target: str, 
 
 def memory_contains(transcript: str, workspace: Workspace, text: str) -> float:
     """MEMORY.md or a memory/*.md file holds `text` (case-insensitive)."""
-    memory = [path for path in workspace if path == "MEMORY.md" or (path.startswith("memory/") and path.endswith(".md"))]
+    memory = [path for path in workspace if is_memory_file(path)]
     return float(any(text.lower() in text_of(workspace, path).lower() for path in memory))
 
 
@@ -81,7 +85,7 @@ def grade(name: str, args: Mapping[str, object], transcript: str, workspace: Wor
 
 def check_grader(name: object, args: object) -> None:
     """ValueError (one line) unless `name` is a grader and `args` fit its parameters."""
-    if name not in GRADERS:
+    if not isinstance(name, str) or name not in GRADERS:
         raise ValueError(f"unknown grader {name!r} (known: {', '.join(GRADERS)})")
     if not isinstance(args, dict):
         raise ValueError(f"grader_args of {name} must be a JSON object, not {args!r}")
@@ -92,7 +96,7 @@ def check_grader(name: object, args: object) -> None:
     parameters = inspect.signature(GRADERS[name]).parameters
     for key, value in args.items():
         wanted = parameters[key].annotation
-        if (wanted == "str" and not isinstance(value, str)) or (wanted.startswith("list") and not isinstance(value, list)):
+        if not isinstance(value, list if wanted.startswith("list") else str):
             raise ValueError(f"grader {name}: {key} must be {wanted}, not {value!r}")
     if name == "all_of":
         for check in args["checks"]:

@@ -19,7 +19,7 @@ import shlex
 from typing import Callable
 
 from envs.base import Outcome, Turn
-from envs.openclaw_graders import grade
+from envs.openclaw_graders import grade, is_memory_file
 from envs.sandbox import Sandbox
 
 RESULT = "\n<result>{text}</result>\n"
@@ -68,10 +68,6 @@ def workspace_path(path: str) -> str:
     if not clean or clean in (".", "..") or clean.startswith("../") or path.startswith("/") or "\0" in path:
         raise ToolError(f"path outside the workspace: {path}")
     return clean
-
-
-def is_memory_file(path: str) -> bool:
-    return path == "MEMORY.md" or (path.startswith("memory/") and path.endswith(".md"))
 
 
 def truncate(text: str, limit: int = OBSERVATION_CHARS) -> str:
@@ -157,10 +153,10 @@ class OpenClawEpisode:
 
     def write(self, path: str, content: str) -> str:
         path, data = workspace_path(path), content.encode()
-        # a shell command rather than Sandbox.write: a target that is a directory, a full disk or the
-        # file-size limit then fail this command alone, where they stop the sandbox's agent itself
-        quoted = shlex.quote(path)
-        self._run(f'mkdir -p -- "$(dirname -- {quoted})" && printf %s {base64.b64encode(data).decode()} | base64 -d > {quoted}')
+        # a shell command rather than Sandbox.write (meant for the env's own files): the policy's writes
+        # then run under the same per-command limits (file size, CPU, wall clock) as its exec calls
+        quoted, encoded = shlex.quote(path), base64.b64encode(data).decode()
+        self._run(f'mkdir -p -- "$(dirname -- {quoted})" && printf %s {encoded} | base64 -d > {quoted}')
         return f"wrote {len(data)} bytes to {path}"
 
     def edit(self, path: str, old: str, new: str) -> str:

@@ -125,7 +125,7 @@ def edit(root: Path, relative: str, old: str, new: str) -> None:
 BAD_DATA = [
     ("tasks/write_hello.md", "---\nid:", "id:", "write_hello.md: no front matter"),
     ("tasks/write_hello.md", "split: train", "split train", r"write_hello.md:6: not a new `key: value` line"),
-    ("tasks/write_hello.md", 'grader_args: {"path"', 'grader_args: {path', "write_hello.md:8: grader_args is not valid JSON"),
+    ("tasks/write_hello.md", 'grader_args: {"path"', "grader_args: {path", "write_hello.md:8: grader_args is not"),
     ("tasks/write_hello.md", "grader: file_equals", "grader: file_is", "write_hello.md: unknown grader 'file_is'"),
     ("tasks/write_hello.md", '"text": "hello world"', '"txt": "hello world"', "write_hello.md: grader file_equals:"),
     ("tasks/count_lines.md", '["data.csv"]', '["data2.csv"]', "count_lines.md: workspace file 'data2.csv' is not in"),
