@@ -46,47 +46,43 @@ class Scored:
         return sum(self.step_rewards)
 
 
-def shaped_rubric(rubric: Rubric, stage: RlStage) -> Rubric:
-    """The env's rubric plus the anti-doom repetition penalty (a negative weight)."""
+def anti_doom_rubric(stage: RlStage) -> Rubric:
+    """The stage's own terms, scored on the policy's actions only (never on what the env wrote:
+    search passages or terminal logs repeat by nature): the anti-doom repetition penalty."""
     if stage.anti_doom is None:
-        return rubric
+        return Rubric([])
     doom = stage.anti_doom
 
-    def repetition(completion, task, outcome):
-        return repetition_excess(completion, doom.ngram, doom.threshold)
+    def repetition(actions, task, outcome):
+        return repetition_excess(actions, doom.ngram, doom.threshold)
 
-    return Rubric([*rubric.funcs, RewardFunc("repetition", repetition, -doom.penalty)])
+    return Rubric([RewardFunc("repetition", repetition, -doom.penalty)])
 
 
 def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage,
                      detector: DoomLoopDetector) -> Scored:
-    text, task = trajectory.text, trajectory.task
+    """Step rewards of an episode: the env's per-step rewards, and on the last step the env
+    rubric's score of the transcript plus the stage's shaping of the actions."""
+    text, task, actions = trajectory.text, trajectory.task, "".join(trajectory.actions)
     score = rubric.score(text, task, trajectory.outcome)
-    valid = trace_is_valid(text, trajectory.truncated)
+    shaping = anti_doom_rubric(stage).score(actions, task, trajectory.outcome).total
+    valid = trace_is_valid(actions, trajectory.truncated)
     total = score.total
     if not valid and stage.anti_doom is not None and stage.anti_doom.validate_trace and math.isfinite(total):
         total = rubric.penalties(score)  # a reward function that raised stays NaN: never a silent value
-    overlong, overlong_penalty = 0.0, 0.0
+    overlong = 0.0
     if stage.overlong is not None:
         overlong = max(overlong_excess(len(turn.action_ids), stage.max_tokens, stage.overlong.buffer)
                        for turn in trajectory.turns)
-        overlong_penalty = stage.overlong.penalty * overlong
-        total -= overlong_penalty
+        shaping -= stage.overlong.penalty * overlong
     step_rewards = [turn.reward for turn in trajectory.turns]
-    if isinstance(env, CodEnv):
-        # paid per solve turn already (its rubric restates them as the pack's mean): only the
-        # stage's shaping is added, and a cut pack keeps what its solved tasks earned
-        step_rewards[-1] += stage_terms(score, env.rubric, rubric) - overlong_penalty
-    else:
-        step_rewards[-1] += total
-    return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome), detector.is_loop(text, trajectory.truncated),
-                  score.rewards.get("repetition", 0.0), overlong, valid)
-
-
-def stage_terms(score, env_rubric: Rubric, rubric: Rubric) -> float:
-    """The weighted terms the stage added to the env's rubric (the anti-doom penalty)."""
-    own = {f.name for f in env_rubric.funcs}
-    return sum(f.weight * score.rewards[f.name] for f in rubric.funcs if f.name not in own and f.weight)
+    # cod pays every solve turn already (its rubric restates them as the pack's mean), and a cut
+    # pack keeps what its solved tasks earned: only the stage's shaping is added there
+    step_rewards[-1] += shaping + (0.0 if isinstance(env, CodEnv) else total)
+    repetition = repetition_excess(actions, stage.anti_doom.ngram, stage.anti_doom.threshold) \
+        if stage.anti_doom is not None else 0.0
+    return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome),
+                  detector.is_loop(actions, trajectory.truncated), repetition, overlong, valid)
 
 
 def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0):
@@ -227,7 +223,7 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     for env_id, env in envs.items():
         if isinstance(env, CodEnv) and stage.algorithm != "steppo":  # a grpo row is one growing context
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")
-    rubric_of = {env_id: shaped_rubric(env.rubric, stage) for env_id, env in envs.items()}
+    rubric_of = {env_id: env.rubric for env_id, env in envs.items()}
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
     training = start_training(ctx, stage, source, stage.steps, tokenizer, updates_per_step=stage.num_iterations)
     policy = training.accelerator.unwrap_model(training.model)

@@ -39,6 +39,7 @@ class Trajectory:
     text: str = ""  # the transcript after the prompt: actions and observations, what the rubric scores
     finished: bool = False  # the env ended the episode (not the token budget or the turn limit)
     outcome: Outcome = field(default_factory=dict)  # the episode's grade after it ended (hidden tests, workspace checks)
+    actions: list[str] = field(default_factory=list)  # the policy's text of each turn (what anti-doom checks)
 
     @property
     def truncated(self) -> bool:
@@ -136,6 +137,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
             trajectory.turns.append(TurnRecord(contexts[i], gen.token_ids, observation_ids,
                                                answer.reward if answer is not None else 0.0, truncated,
                                                answer.kind if answer is not None else "action"))
+            trajectory.actions.append(action)
             trajectory.text += action + (transcript_answer(answer) if answer is not None else "")
             if answer is None or answer.done:
                 trajectory.finished = answer is not None

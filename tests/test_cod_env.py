@@ -129,14 +129,14 @@ def test_splits_hold_different_rules_and_eval_packs_are_longer():
 def test_scored_packs_are_paid_per_solve_and_credited_per_slot(tokenizer):
     from envs.doom import DoomLoopDetector
     from tasks.config import RlStage
-    from tasks.rl import batch_metrics, score_trajectory, shaped_rubric
+    from tasks.rl import batch_metrics, score_trajectory
     from tasks.rl_batch import training_rows
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=1, algorithm="steppo", credit="cod")
     task = ENV.tasks("train", 1, 0)[0]
     oracle = ENV.oracle_actions(task)
     group = play(tokenizer, ENV, [task, task], [oracle, ["<moves>zz</moves>", *oracle[1:]]])
-    scored = [score_trajectory(t, ENV, shaped_rubric(ENV.rubric, stage), stage, DoomLoopDetector()) for t in group]
+    scored = [score_trajectory(t, ENV, ENV.rubric, stage, DoomLoopDetector()) for t in group]
     # the rubric's pack mean is not paid again on top of the solve turns
     assert scored[0].step_rewards == [1.0, 0.0] * 3 + [1.0] and scored[1].step_rewards[0] == 0.0
     assert scored[0].reward == 4.0 and scored[0].correct and not scored[1].correct

@@ -5,9 +5,10 @@ import math
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from envs.doom import repetition_excess
+from envs.doom import DoomLoopDetector, repetition_excess
 from tasks.config import AntiDoom, RlStage
-from tasks.rl import shaped_rubric, step_tasks
+from tasks.rl import anti_doom_rubric, score_trajectory, step_tasks
+from tasks.rollouts import Trajectory, TurnRecord
 
 ENV = ArithEnv(ArithEnvConfig(kind="arith", digits=2))
 
@@ -20,15 +21,27 @@ def test_ngram_penalty_lowers_a_looping_completion_and_not_a_clean_one():
     task = ENV.tasks("train", 1, 0)[0]
     clean = ENV.reference_completion(task)
     looping = clean.replace(" The final answer", " The answer is correct." * 8 + " The final answer")
-    plain = ENV.rubric
-    shaped = shaped_rubric(plain, rl_stage(anti_doom=AntiDoom(ngram=4, threshold=0.2, penalty=0.5)))
-    assert shaped.score(clean, task).total == plain.score(clean, task).total == 1.2
-    assert plain.score(looping, task).total == 1.2  # correct and well formed: the rubric alone does not mind
-    assert shaped.score(looping, task).total < 1.2 - 0.2
+    doom = anti_doom_rubric(rl_stage(anti_doom=AntiDoom(ngram=4, threshold=0.2, penalty=0.5)))
+    assert doom.score(clean, task).total == 0.0
+    assert ENV.rubric.score(looping, task).total == 1.2  # correct and well formed: the rubric alone does not mind
+    assert doom.score(looping, task).total < -0.2
     assert repetition_excess(clean, 4, 0.2) == 0.0 and 0 < repetition_excess(looping, 4, 0.2) <= 1
-    logged_only = shaped_rubric(plain, rl_stage(anti_doom=AntiDoom(penalty=0.0)))
-    score = logged_only.score(looping, task)
-    assert score.total == 1.2 and score.rewards["repetition"] > 0
+    score = anti_doom_rubric(rl_stage(anti_doom=AntiDoom(penalty=0.0))).score(looping, task)
+    assert score.total == 0.0 and score.rewards["repetition"] > 0
+
+
+def test_anti_doom_reads_the_policy_actions_not_the_env_observations():
+    task = ENV.tasks("train", 1, 0)[0]
+    observation = "<information>" + "the river runs through the city. " * 12 + "</information>"
+    answer = ENV.reference_completion(task)
+    trajectory = Trajectory("arith", task, [1], [TurnRecord([1], [5], [6], 0.0, False),
+                                                 TurnRecord([1, 5, 6], [5], [], 0.0, False)],
+                            "<search>x</search>" + observation + answer, finished=True,
+                            actions=["<search>x</search>", answer])
+    stage = rl_stage(anti_doom=AntiDoom(penalty=0.5))
+    scored = score_trajectory(trajectory, ENV, ENV.rubric, stage, DoomLoopDetector())
+    assert scored.repetition == 0.0 and not scored.doom_loop
+    assert repetition_excess(trajectory.text, 4, 0.3) > 0  # the transcript with the passages would be penalized
 
 
 def test_step_tasks_follow_the_weights_and_are_a_function_of_seed_and_step():
@@ -134,19 +147,17 @@ def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
 
 def test_trace_validation_keeps_penalties_and_a_raised_reward_stays_nan():
     from envs.base import RewardFunc, Rubric
-    from envs.doom import DoomLoopDetector
-    from tasks.rl import score_trajectory
-    from tasks.rollouts import Trajectory, TurnRecord
 
     task = ENV.tasks("train", 1, 0)[0]
     answer = ENV.reference_completion(task)
     looping = answer + " The answer is correct." * 6
 
     def cut(text):  # an episode whose only action ran out of tokens
-        return Trajectory("arith", task, [1], [TurnRecord([1], [5] * 64, [], 0.0, True)], text, finished=False)
+        return Trajectory("arith", task, [1], [TurnRecord([1], [5] * 64, [], 0.0, True)], text, finished=False,
+                          actions=[text])
 
     stage = rl_stage(anti_doom=AntiDoom(penalty=0.5))
-    shaped = shaped_rubric(ENV.rubric, stage)
+    shaped = ENV.rubric
     scored = score_trajectory(cut(looping), ENV, shaped, stage, DoomLoopDetector())
     assert not scored.valid_trace and scored.correct  # right answer, but the trace never ended
     assert scored.reward == pytest.approx(-0.5 * scored.repetition) and scored.repetition > 0
