@@ -1,19 +1,14 @@
 """`rlm`: Recursive Language Models: a query over a long input the policy never sees whole.
 
-The input (20k-60k chars by default, far beyond the model's 512 positions) lives in a
-sandboxed Python REPL as the variable `context`; the prompt holds only the query and the
-context's kind and length. Each action is one code cell, `<repl>code</repl>` (the action ends
-at `</repl>`); the env runs it in the episode's namespace and answers `<output>...</output>`,
-truncated. Inside cells `llm_query(prompt)` asks the episode's own model (depth 1: a plain
-completion, no REPL), counted and limited per episode. `FINAL(answer)` or
-`FINAL_VAR(variable)` outside code ends the episode with that answer; an action with neither
-code nor a final ends it unanswered. The episode grades its answer when it finishes (exact
-match after normalizing), so the rubric reads the outcome: a FINAL_VAR answer lives in the
-REPL, not in the transcript.
-
-Tasks are generated from a seed, no files: counts, lookups and sums over a log, a secret code
-hidden in filler text, and a note found by code and read by a sub-call (`ask`, the family whose
-oracle uses llm_query; `reference_llm` is the sub-model its reference transcripts assume).
+The input (20k-60k chars, far beyond the model's 512 positions) is the variable `context` of a
+sandboxed Python REPL; the prompt holds only the query and the context's kind and length. Each
+action is a code cell, `<repl>code</repl>`, answered with its output, `<output>...</output>`
+(truncated). In a cell, `llm_query(prompt)` asks the episode's own model (depth 1: a plain
+completion), counted and limited. `FINAL(answer)` or `FINAL_VAR(variable)` outside code ends the
+episode with that answer, an action with neither code nor a final ends it unanswered. The episode
+grades its answer when it finishes, so the rubric reads the outcome (a FINAL_VAR answer lives in
+the REPL, not in the transcript). Tasks are generated from a seed: counts, lookups and sums over a
+log, a code hidden in filler text, and a note that code finds and a sub-call reads (`ask`).
 """
 
 from __future__ import annotations
@@ -41,27 +36,23 @@ TAILS = ("yesterday", "at dawn", "again", "quietly", "for hours", "by chance")
 CODE_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 KINDS = {"log": "a log, one `id=.. user=.. status=.. amount=..` per line", "text": "a long text"}
 PARSE_LOG = "rows = [dict(f.split('=') for f in l.split()) for l in context.splitlines()]\n"
-
 PROMPT = ("{query}\n`context` is {kind}, {chars} chars. Run Python as <repl>code</repl>; llm_query(prompt) "
-          "asks a model ({calls} calls). End with FINAL(answer) or FINAL_VAR(variable).")
+          "asks a model (at most {calls} calls). End with FINAL(answer) or FINAL_VAR(variable).")
 ORACLE_CELL = "<repl>{code}\nprint(n)</repl>"
 ORACLE_FINAL = "FINAL_VAR(n)"
 _CELL = re.compile(r"<repl>(.*?)</repl>", re.S)
 _FINAL = re.compile(r"\bFINAL(_VAR)?\((.*?)\)")
-_NAME = re.compile(r"[A-Za-z_]\w*")
+_ANSWER_EDGES = re.compile(r"^[\s\"'`]+|[\s\"'`.]+$")
 _NOTE_PLACE = re.compile(r"Note from \w+: [^.]*?\b(" + "|".join(PLACES) + r")\b")
-# A refusal of llm_query travels to the cell as an answer with this prefix; SETUP_CELL's wrapper
-# raises it there (the sandbox passes the host's answers through, not its errors).
+# A refused llm_query reaches the cell as an answer with this prefix, which SETUP_CELL's wrapper
+# raises there (the sandbox passes the host's answers through, not its errors).
 REFUSED = "\x00"
-SETUP_CELL = f"""def _wrap(ask):
-    def llm_query(prompt):
-        answer = ask(prompt)
-        if answer.startswith({REFUSED!r}):
-            raise RuntimeError(answer[1:])
-        return answer
-    return llm_query
-llm_query = _wrap(llm_query)
-del _wrap"""
+SETUP_CELL = f"""def llm_query(prompt, _ask=llm_query):
+    answer = _ask(prompt)
+    if answer.startswith({REFUSED!r}):
+        raise RuntimeError(answer[1:])
+    return answer
+_rlm_ready = True"""
 
 
 class RlmEnvConfig(BaseModel):
@@ -140,15 +131,15 @@ def generate(family: str, seed: str, context_chars: int) -> Generated:
     return (_log_task if family in ("count", "lookup", "sum") else _text_task)(family, draw, chars)
 
 
-def reference_llm(prompt: str) -> str:
-    """The sub-model the oracle's transcripts assume: it names the meeting place of the note it is shown."""
+def oracle_llm(prompt: str) -> str:
+    """The sub-model the `ask` oracle assumes: it names the meeting place of the note it is shown."""
     match = _NOTE_PLACE.search(prompt)
     return match.group(1) if match else "I don't know."
 
 
 def normalize(answer: str) -> str:
     """Case, surrounding quotes, a final period and spacing do not matter; nor does `42.0` vs `42`."""
-    text = " ".join(answer.strip().strip("\"'`").strip().rstrip(".").lower().split())
+    text = " ".join(_ANSWER_EDGES.sub("", answer).lower().split())
     try:
         number = float(text)
     except ValueError:
@@ -157,7 +148,7 @@ def normalize(answer: str) -> str:
 
 
 def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} chars]"
+    return text if len(text) <= limit else f"{text[:limit]}... [truncated]"
 
 
 class SubCalls:
@@ -183,16 +174,14 @@ class SubCalls:
 
 class RlmEpisode:
     def __init__(self, task: Task, context: str, config: RlmEnvConfig, llm: SubPolicy | None):
-        self.task, self.output_chars = task, config.output_chars
+        self.task, self.context, self.output_chars = task, context, config.output_chars
         self.sub_calls = SubCalls(llm, config.max_llm_calls, config.query_chars)
-        self.cells = 0
-        self.answer: str | None = None  # set by FINAL / FINAL_VAR
+        self.cells, self.answer = 0, None  # the answer: set by FINAL / FINAL_VAR
         self.sandbox = Sandbox(config.sandbox, llm=self.sub_calls)
-        self.sandbox.set_variables({"context": context})
-        setup = self.sandbox.run_python(SETUP_CELL)
-        if self.sandbox.stopped or setup.error:
+        error = self._seed()
+        if self.sandbox.stopped or error:
             self.sandbox.close()
-            raise SandboxUnavailable(f"the sandbox did not start: {self.sandbox.stopped or setup.error}")
+            raise SandboxUnavailable(f"the sandbox did not start: {self.sandbox.stopped or error}")
 
     def step(self, action: str) -> Turn:
         cells = _CELL.findall(action)
@@ -200,10 +189,7 @@ class RlmEpisode:
         observation = "".join(self._observation(self._run(code)) for code in cells)
         if final is not None:
             self.answer = self._resolve(final.group(2).strip()) if final.group(1) else final.group(2)
-            return Turn(done=True)
-        if not cells or self.sandbox.stopped:
-            return Turn(done=True)
-        return Turn(observation=observation)
+        return Turn(observation=observation, done=final is not None or not cells or bool(self.sandbox.stopped))
 
     def finish(self) -> Outcome:
         try:
@@ -214,19 +200,27 @@ class RlmEpisode:
         finally:
             self.sandbox.close()
 
+    def _seed(self) -> str | None:
+        """Puts `context` and the llm_query wrapper in the namespace; the error, if that failed."""
+        self.sandbox.set_variables({"context": self.context})
+        return self.sandbox.run_python(SETUP_CELL).error
+
     def _run(self, code: str) -> Result:
         self.cells += 1
-        return self.sandbox.run_python(code)
+        result = self.sandbox.run_python(code)
+        # a cell that killed the interpreter may leave a fresh, empty one: the context must survive it
+        if result.error and not self.sandbox.stopped and self.sandbox.run_python("_rlm_ready").error:
+            self._seed()
+        return result
 
     def _observation(self, result: Result) -> str:
         text = clip(result.output.rstrip("\n"), self.output_chars)
-        if result.error:
-            text += f"\n[error: {clip(result.error, self.output_chars)}]"
-        return f"\n<output>{text.lstrip(chr(10))}</output>\n"
+        error = f"[error: {clip(result.error, self.output_chars)}]" if result.error else ""
+        return "\n<output>" + "\n".join(part for part in (text, error) if part) + "</output>\n"
 
     def _resolve(self, name: str) -> str | None:
         """FINAL_VAR's answer: the variable's text in the REPL (None when it is not a variable)."""
-        if not _NAME.fullmatch(name):
+        if not name.isidentifier():
             return None
         result = self.sandbox.run_python(f"print({name})")
         return None if result.error else result.output.removesuffix("\n")
@@ -243,11 +237,10 @@ def outcome_metric(key: str) -> Callable[..., float]:
 
 class RlmEnv:
     action_stop = ("</repl>",)
+    oracle_llm = staticmethod(oracle_llm)  # what the oracle's llm_query calls must answer for it to be right
 
     def __init__(self, config: RlmEnvConfig, name: str = "rlm"):
-        self.config = config
-        self.name = name
-        self.max_turns = config.max_turns
+        self.config, self.name, self.max_turns = config, name, config.max_turns
         self.rubric = Rubric([RewardFunc(key, outcome_metric(key), 1.0 if key == "correct" else 0.0)
                               for key in ("correct", "answered", "llm_calls", "cells")])
 
@@ -256,14 +249,13 @@ class RlmEnv:
         return [self._task(index) for index in range(self.config.tasks)]
 
     def _task(self, index: int) -> Task:
-        family, seed = FAMILIES[index % len(FAMILIES)], f"{self.config.seed}:{index}"
-        generated = generate(family, seed, self.config.context_chars)
+        family, seed, chars = FAMILIES[index % len(FAMILIES)], f"{self.config.seed}:{index}", self.config.context_chars
+        generated = generate(family, seed, chars)
         prompt = PROMPT.format(query=generated.query, kind=KINDS[generated.kind], chars=len(generated.context),
                                calls=self.config.max_llm_calls)
-        held_out = (index // len(FAMILIES)) % EVAL_SHARE == 0
         return Task(id=f"{self.name}-{index}", prompt=prompt, answer=generated.answer,
-                    info={"family": family, "seed": seed, "context_chars": self.config.context_chars,
-                          "split": "eval" if held_out else "train", "code": generated.code})
+                    info={"family": family, "seed": seed, "context_chars": chars, "code": generated.code,
+                          "split": "eval" if index // len(FAMILIES) % EVAL_SHARE == 0 else "train"})
 
     def all_tasks(self) -> list[Task]:
         return list(self._catalogue)
@@ -287,9 +279,9 @@ class RlmEnv:
         """Compute the answer into `n` in one cell (the `ask` family reads a note with llm_query), then FINAL_VAR(n)."""
         return [ORACLE_CELL.format(code=task.info["code"]), ORACLE_FINAL]
 
-    def reference_completion(self, task: Task, llm: Callable[[str], str] = reference_llm) -> str:
-        """The oracle's transcript, played through a real episode (sub-calls answered by `llm`)."""
-        episode, transcript = self.start(task, llm), ""
+    def reference_completion(self, task: Task) -> str:
+        """The oracle's transcript, played through a real episode (sub-calls answered by `oracle_llm`)."""
+        episode, transcript = self.start(task, self.oracle_llm), ""
         try:
             for action in self.oracle_actions(task):
                 turn = episode.step(action)

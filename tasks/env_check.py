@@ -32,10 +32,19 @@ class TaskCheck:
                 and math.isclose(self.no_op_reward, 0.0, abs_tol=1e-9) and not self.errors)
 
 
+def scripted_policy(env, tokenizer, scripts: list[list[str]]) -> ScriptedPolicy:
+    """Replays `scripts`; an env whose oracle makes model calls of its own (rlm's `llm_query`)
+    says what those calls answer (`oracle_llm`)."""
+    respond = getattr(env, "oracle_llm", None)  # only envs with episode-level model calls define it
+    if respond is None:
+        return ScriptedPolicy(tokenizer, scripts)
+    return ScriptedPolicy(tokenizer, scripts, respond=respond)
+
+
 def _scores(env, tokenizer, tasks, scripts):
     trajectories = []
     for start in range(0, len(tasks), CHUNK):
-        policy = ScriptedPolicy(tokenizer, scripts[start:start + CHUNK])
+        policy = scripted_policy(env, tokenizer, scripts[start:start + CHUNK])
         trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], SamplingParams(SCRIPT_TOKENS))
     return [(env.rubric.score(t.text, t.task, t.outcome), env.is_correct(t.text, t.task, t.outcome))
             for t in trajectories]

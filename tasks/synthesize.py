@@ -18,7 +18,8 @@ from models.loading import context_length, load_tokenizer, resolve_base
 from models.sampling import SamplingParams, chat_prompt
 from tasks.config import SynthesizeStage
 from tasks.datasets import write_rows
-from tasks.rollouts import ScriptedPolicy, Trajectory, roll_out
+from tasks.env_check import scripted_policy
+from tasks.rollouts import Trajectory, roll_out
 from tasks.stage import StageContext, StageOutput
 
 ORACLE_TOKENS = 4096  # a scripted action is never cut
@@ -50,7 +51,7 @@ def segments(trajectory: Trajectory) -> list[tuple[list[int], list[int]]]:
 
 def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer) -> tuple[list[dict], int]:
     """Rows of the oracle's episodes (one per context stretch) and how many episodes it solved."""
-    policy = ScriptedPolicy(tokenizer, [env.oracle_actions(task) for task in tasks])
+    policy = scripted_policy(env, tokenizer, [env.oracle_actions(task) for task in tasks])
     trajectories = roll_out(policy, tokenizer, env, tasks, SamplingParams(ORACLE_TOKENS))
     rows, solved = [], 0
     for trajectory in trajectories:

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from envs import sandbox
-from envs.rlm import FAMILIES, RlmEnv, RlmEnvConfig, SandboxUnavailable, normalize, reference_llm
-from envs.sandbox import SandboxLimits
+from envs.rlm import FAMILIES, RlmEnv, RlmEnvConfig, normalize
+from envs.sandbox import SandboxLimits, SandboxUnavailable
 
 ENV = RlmEnv(RlmEnvConfig(kind="rlm", tasks=40))
 TASKS = ENV.all_tasks()
@@ -50,7 +50,7 @@ def roll(tokenizer, scripts, tasks, respond=lambda prompt: ""):
 
 def test_the_oracle_scores_full_reward_and_a_no_op_zero_on_every_task(tokenizer):
     assert {t.info["family"] for t in TASKS} == set(FAMILIES)
-    trajectories = roll(tokenizer, [ENV.oracle_actions(t) for t in TASKS], TASKS, respond=reference_llm)
+    trajectories = roll(tokenizer, [ENV.oracle_actions(t) for t in TASKS], TASKS, respond=ENV.oracle_llm)
     for task, trajectory in zip(TASKS, trajectories):
         score = ENV.rubric.score(trajectory.text, task, trajectory.outcome)
         assert trajectory.finished and len(trajectory.turns) == 2, task.id
@@ -133,7 +133,7 @@ def test_a_failing_cell_is_an_error_observation_and_the_episode_goes_on():
                                             "<repl>print('a' * 1000)</repl>", "FINAL(2)"])
     assert observations[0] == "\n<output>[error: ZeroDivisionError: division by zero]</output>\n"
     assert observations[1] == "\n<output>2</output>\n"
-    assert observations[2] == f"\n<output>{'a' * 300}... [1000 chars]</output>\n"
+    assert observations[2] == f"\n<output>{'a' * 300}... [truncated]</output>\n"
     assert outcome["cells"] == 3 and outcome["answered"] == 1.0
 
 
@@ -141,10 +141,14 @@ def test_hostile_cells_end_in_errors_not_exceptions():
     env = RlmEnv(RlmEnvConfig(kind="rlm", tasks=10, sandbox=SandboxLimits(wall_seconds=1)))
     observations, _ = play(env.all_tasks()[0], ["<repl>while True: pass</repl>", "<repl>print(len(context))</repl>"],
                            env=env)
-    assert "[error: TimeoutError: cell timed out after 1.0s]" in observations[0]
+    assert observations[0].startswith("\n<output>[error: ") and "timed out" in observations[0]
     assert observations[1] == f"\n<output>{len(env.context(env.all_tasks()[0]))}</output>\n"
-    observations, outcome = play(TASKS[0], ["<repl>import os; os._exit(3)</repl>", "<repl>print(1)</repl>"])
-    assert observations == [None] and outcome["cells"] == 1  # the sandbox is gone: the episode ends
+    observations, _ = play(TASKS[0], ["<repl>del context, _rlm_ready\n1/0</repl>", "<repl>print(len(context))</repl>"])
+    assert observations[1] == f"\n<output>{len(ENV.context(TASKS[0]))}</output>\n"  # a lost namespace is seeded again
+    observations, outcome = play(TASKS[0], ["<repl>import os; os._exit(3)</repl>", "<repl>print(len(context))</repl>"])
+    assert outcome["cells"] == len(observations)
+    if observations != [None]:  # the sandbox went on with a fresh interpreter rather than ending the episode
+        assert observations[1] == f"\n<output>{len(ENV.context(TASKS[0]))}</output>\n"
 
 
 def test_without_bwrap_the_episode_does_not_start(monkeypatch):
