@@ -116,6 +116,7 @@ def parse_spec(raw) -> PipelineSpec:
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, raw)) from None
+    _check_envs(spec)
     _check_graph(spec)
     if credential_keys(spec.storage_options):
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
@@ -138,6 +139,15 @@ def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{path}:{where}: bad YAML: {problem}") from None
     return parse_spec(raw), text
+
+
+def _check_envs(spec: PipelineSpec) -> None:
+    """Each env builds: its task folder exists and every task in it loads (the message names the file)."""
+    for env_id, config in spec.envs.items():
+        try:
+            make_env(env_id, config)
+        except ValueError as exc:
+            raise SpecError(f"envs.{env_id}.tasks: {exc}") from None
 
 
 def _check_graph(spec: PipelineSpec) -> None:

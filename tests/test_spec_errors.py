@@ -116,6 +116,13 @@ CASES = {
     "cod credit with grpo": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"credit": "cod"}]},
         "stages[3]: Value error, credit: cod"),
+    "unknown env kind lists the kinds": (
+        {**GOOD, "envs": {**GOOD["envs"], "box": {"kind": "shell"}}},
+        "envs.box.kind: unknown kind 'shell' (expected one of 'arith', 'calc', 'search', 'cod', 'openclaw', "
+        "'rlm', 'terminal')"),
+    "missing terminal task folder": (
+        {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": "/nonexistent/tasks"}}},
+        "envs.term.tasks: /nonexistent/tasks: no such task folder"),
     "rl env weight 0": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
         "stages[3].envs.arith: Input should be greater than 0"),
@@ -190,3 +197,15 @@ def test_quickstart_spec_is_valid():
 
     spec, _ = load_spec("pipelines/quickstart.yaml")
     assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "rl", "evaluate"]
+
+
+def test_a_bad_task_toml_is_named_with_its_line(tmp_path, capsys):
+    task = tmp_path / "tasks" / "count-lines"
+    for path, text in {"instruction.md": "Count the lines.", "tests/test.sh": "exit 0", "solution/solve.sh": "wc -l f",
+                       "task.toml": '[agent]\ntimeout_sec = "5\n'}.items():
+        (task / path).parent.mkdir(parents=True, exist_ok=True)
+        (task / path).write_text(text)
+    spec = {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": str(tmp_path / "tasks")}}}
+    code, err = run_cli(capsys, "validate", write_spec(tmp_path, spec))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: envs.term.tasks: {task}/task.toml: invalid TOML (line 2")
