@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence
 
 Outcome = Mapping[str, float]  # what an episode's grader measured after it ended (hidden tests, workspace checks)
@@ -16,6 +17,18 @@ class Task:
     prompt: str
     answer: str
     info: dict = field(default_factory=dict)
+
+
+def cycled(pool: list[Task], n: int, draw: random.Random) -> list[Task]:
+    """`n` tasks from `pool` in a seeded order, passing through it again (reshuffled) when `n` is
+    larger; a repeat gets its own id (`<id>-r<pass>`), so ids stay unique in a dataset."""
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        order = list(pool)
+        draw.shuffle(order)
+        rounds = len(tasks) // len(pool)
+        tasks += [replace(task, id=f"{task.id}-r{rounds}") if rounds else task for task in order]
+    return tasks[:n]
 
 
 @dataclass(frozen=True)

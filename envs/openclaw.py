@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
@@ -216,8 +216,7 @@ class OpenClawEnv:
         pool = [task for task in self.catalogue if task.info["split"] == split]
         if not pool:
             raise ValueError(f"the {split} split of {self.name} has no tasks")
-        random.Random(f"{self.name}:{split}:{seed}").shuffle(pool)
-        return [pool[i % len(pool)] for i in range(n)]
+        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
 
     def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode:
         """A fresh sandbox holding the task's files and the skill folders (SandboxUnavailable propagates)."""

@@ -20,7 +20,7 @@ from typing import Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
 
 FAMILIES = ("count", "lookup", "sum", "needle", "ask")
@@ -264,10 +264,8 @@ class RlmEnv:
         """`n` tasks of a split; past its size, the split again in another seeded order."""
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}")
-        pool, order, tasks = [t for t in self._catalogue if t.info["split"] == split], random.Random(seed), []
-        while len(tasks) < n:
-            tasks += order.sample(pool, len(pool))
-        return tasks[:n]
+        pool = [t for t in self._catalogue if t.info["split"] == split]
+        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
 
     def context(self, task: Task) -> str:
         return generate(task.info["family"], task.info["seed"], task.info["context_chars"]).context

@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits
 
 DATA = Path(__file__).with_name("data") / "terminal"
@@ -257,12 +257,7 @@ class TerminalEnv:
         pool = [task for task in self._tasks if task.info["split"] == split]
         if not pool:
             raise ValueError(f"{_shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)")
-        draw, chosen = random.Random(f"{self.name}:{split}:{seed}"), []
-        while len(chosen) < n:
-            order = list(pool)
-            draw.shuffle(order)
-            chosen += order
-        return chosen[:n]
+        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
 
     def limits(self, task: Task) -> SandboxLimits:
         """The config's sandbox limits, lowered by the task's own (agent timeout, memory, storage)."""

@@ -38,9 +38,11 @@ def test_shipped_tasks_are_many_small_and_split():
         assert len(task.prompt.split("\nRun one shell command")[0]) <= 300
         actions = ENV.oracle_actions(task)
         assert 2 <= len(actions) <= 5 and actions[-1] == "<done/>"
-    train = {t.id for t in ENV.tasks("train", 100, 0)}
-    held_out = {t.id for t in ENV.tasks("eval", 12, 1)}
-    assert not train & held_out and len(held_out) == sum(t.info["split"] == "eval" for t in TASKS)
+    train = {t.info["path"] for t in ENV.tasks("train", 100, 0)}
+    held_out = ENV.tasks("eval", 12, 1)
+    assert not train & {t.info["path"] for t in held_out}
+    assert len({t.info["path"] for t in held_out}) == sum(t.info["split"] == "eval" for t in TASKS)
+    assert len({t.id for t in held_out}) == 12  # a repeat gets its own id
     assert ENV.tasks("eval", 12, 1) == ENV.tasks("eval", 12, 1) != ENV.tasks("eval", 12, 2)
     with pytest.raises(ValueError, match="unknown split 'test'"):
         ENV.tasks("test", 1, 0)
