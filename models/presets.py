@@ -1,6 +1,7 @@
 """Tiny models built from a config (no download): saved once as normal HF folders.
 
-`tiny-llama` is the CPU default; `tiny-qwen3` and `tiny-lfm2` have the architectures of the
+`tiny-llama` is the CPU default (`tiny-llama-1k` the same with 1,024 positions, for the
+agentic envs' longer episodes); `tiny-qwen3` and `tiny-lfm2` have the architectures of the
 production models at toy size. Each preset folder is deterministic (fixed seed), so the
 same preset on another machine is the same model.
 """
@@ -17,6 +18,8 @@ _COMMON = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_
                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
 PRESETS = {
     "tiny-llama": ("llama", dict(_COMMON, rope_theta=10000.0)),
+    # the agentic envs' episodes (tool docs, JSON calls, observations) run to ~650 tokens
+    "tiny-llama-1k": ("llama", dict(_COMMON, rope_theta=10000.0, max_position_embeddings=1024)),
     "tiny-qwen3": ("qwen3", dict(_COMMON, head_dim=32)),
     "tiny-lfm2": ("lfm2", dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                                num_attention_heads=4, num_key_value_heads=2,
