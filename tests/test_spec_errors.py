@@ -199,6 +199,17 @@ def test_quickstart_spec_is_valid():
     assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "rl", "evaluate"]
 
 
+def test_agentic_specs_are_valid_and_cover_every_agentic_env(monkeypatch):
+    from flows.spec import load_spec
+
+    monkeypatch.setenv("POSTTRAIN_BUCKET", "b")
+    for path in ("pipelines/agentic.yaml", "pipelines/lfm2-gpu.yaml"):
+        spec, _ = load_spec(path)
+        assert {config.kind for config in spec.envs.values()} == {"terminal", "search", "rlm", "openclaw", "cod"}
+        rl = next(stage for stage in spec.stages if stage.kind == "rl")
+        assert rl.algorithm == "steppo" and set(rl.envs) == set(spec.envs)
+
+
 def test_a_bad_task_toml_is_named_with_its_line(tmp_path, capsys):
     task = tmp_path / "tasks" / "count-lines"
     for path, text in {"instruction.md": "Count the lines.", "tests/test.sh": "exit 0", "solution/solve.sh": "wc -l f",
