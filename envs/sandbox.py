@@ -1,53 +1,43 @@
 """The sandbox every command and code cell of a policy runs in: bubblewrap, no fallback.
 
-One sandbox per episode: a `bwrap` process, run as an unprivileged uid of its own, with new
-user/pid/net/ipc/uts namespaces (no network at all), the system's /usr read-only, a fresh
-size-capped tmpfs at /work (the only writable place besides a small /tmp), a cleared
-environment, and inside it a small stdlib agent (envs/sandbox_agent.py) that runs each
-command under CPU-time, memory, process, file-size and wall-clock limits and truncates what
-it prints. The host talks to the agent over pipes; if the agent stops answering in time the
-whole sandbox is killed and the episode gets an error observation.
+One sandbox per episode: a `bwrap` process as an unprivileged uid of its own, in new user, pid, net,
+ipc, uts and cgroup namespaces (no network, no further user namespaces), with /usr and the root
+read-only, tmpfs at /work, /tmp and /dev/shm capped in size and file count (the host mounts them in
+a private mount namespace: it needs root, as setpriv does), a cleared environment, and as pid 1 a
+stdlib agent (envs/sandbox_agent.py, sandbox_proc.py, sandbox_worker.py) that runs each command, and
+each Python cell in a worker process, under CPU, memory, process, file-size and wall-clock limits,
+truncates their output and kills whatever they leave running. The host talks to it over a private
+pipe pair; if it stops answering in time, or answers out of turn, the sandbox is killed and the
+episode gets an error observation.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
-import shutil
+import secrets
 import signal
 import subprocess
-import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from envs.sandbox_launch import AGENT, AGENT_FILES, INSTALL_HINT, SandboxLimits, SandboxUnavailable, bwrap_command
 
-AGENT = Path(__file__).with_name("sandbox_agent.py")
+__all__ = ["AGENT", "AGENT_FILES", "INSTALL_HINT", "Result", "Sandbox", "SandboxLimits", "SandboxUnavailable",
+           "bwrap_command"]
+
 SANDBOX_UIDS = itertools.count(0)
 UID_BASE, UID_SPAN = 400_000, 50_000  # each sandbox its own uid, so process limits are its own
-HOST_GRACE_SECONDS = 5.0  # the agent enforces the wall clock; the host kills only a sandbox that stops answering
-INSTALL_HINT = "bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap` (Debian/Ubuntu)"
-
-
-class SandboxUnavailable(RuntimeError):
-    """bwrap is missing or cannot start: sandboxed envs refuse to run rather than run unsandboxed."""
-
-
-class SandboxLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    cpu_seconds: int = Field(5, ge=1)  # per command
-    episode_cpu_seconds: int = Field(120, ge=1)  # the agent's own (Python cells) over the episode
-    wall_seconds: float = Field(10.0, gt=0)  # per command or cell
-    memory_mb: int = Field(512, ge=64)  # address space per process
-    processes: int = Field(32, ge=4)
-    file_size_mb: int = Field(8, ge=1)
-    disk_mb: int = Field(32, ge=1)  # /work's size
-    output_bytes: int = Field(1024, ge=64)  # what the policy sees of one command's output
+HOST_GRACE_SECONDS = 10.0  # the agent enforces the wall clock; the host kills only a sandbox that stops answering
+START_SECONDS = 30.0  # a loaded machine can take a while to start bwrap and Python
+REPLY_BYTES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -62,52 +52,6 @@ class Result:
         return f"{self.output.rstrip()}\n{tail}".lstrip("\n")
 
 
-def bwrap_path() -> str:
-    path = shutil.which("bwrap")
-    if path is None:
-        raise SandboxUnavailable(INSTALL_HINT)
-    return path
-
-
-def _python() -> tuple[str, list[str]]:
-    """An interpreter for the agent that lives under a read-only bind: the system's, else this one's prefix."""
-    if Path("/usr/bin/python3").exists():
-        return "/usr/bin/python3", []
-    prefix = sys.base_prefix
-    return f"{prefix}/bin/python3", ["--ro-bind", prefix, prefix]
-
-
-def _system_binds() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
-        path = Path("/") / name
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
-    for name in ("/etc/alternatives", "/etc/ld.so.cache"):  # Debian's awk/python links and the loader cache
-        if Path(name).exists():
-            args += ["--ro-bind", name, name]
-    return args
-
-
-def bwrap_command(limits: SandboxLimits, uid: int) -> list[str]:
-    python, python_binds = _python()
-    disk = str(limits.disk_mb * 1024 * 1024)
-    return [
-        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        bwrap_path(), "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        *_system_binds(), *python_binds,
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", disk, "--tmpfs", "/work", "--size", str(8 * 1024 * 1024), "--tmpfs", "/tmp",
-        "--ro-bind", str(AGENT), "/opt/posttrain/agent.py",
-        "--chdir", "/work", "--clearenv",
-        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
-        "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        python, "-I", "-S", "/opt/posttrain/agent.py", limits.model_dump_json(),
-    ]
-
-
 class Sandbox:
     """One episode's sandbox. Use as a context manager, or call `close()`."""
 
@@ -117,17 +61,25 @@ class Sandbox:
         self.llm = llm
         self.llm_calls = 0
         self.stopped: str | None = None  # why the sandbox is gone, once it is
-        uid = UID_BASE + (os.getpid() * 7919 + next(SANDBOX_UIDS)) % UID_SPAN
+        self.uid = UID_BASE + (os.getpid() * 7919 + next(SANDBOX_UIDS)) % UID_SPAN
+        command = bwrap_command(self.limits, self.uid)
+        to_agent, self._requests = os.pipe()
+        self._replies, from_agent = os.pipe()
+        self._bwrap_errors = tempfile.TemporaryFile()
         try:
-            self.process = subprocess.Popen(bwrap_command(self.limits, uid), stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen([*command, str(to_agent), str(from_agent)], pass_fds=(to_agent, from_agent),
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=self._bwrap_errors, start_new_session=True)
         except OSError as exc:
+            os.close(self._requests)
+            os.close(self._replies)
+            self._bwrap_errors.close()
             raise SandboxUnavailable(f"bwrap could not start: {exc}") from exc
-        for path, data in (files or {}).items():
-            self.write(path, data)
-        if self.stopped:
-            raise SandboxUnavailable(f"the sandbox did not start: {self.stopped}")
+        finally:
+            os.close(to_agent)
+            os.close(from_agent)
+        self._reader = os.fdopen(self._replies, "rb")
+        self._start(files or {})
 
     def run(self, command: str) -> Result:
         """A shell command in /work (a fresh `bash -c` each time)."""
@@ -145,23 +97,34 @@ class Sandbox:
         raw = data.encode() if isinstance(data, str) else data
         target = path if path.startswith("/tmp/") else f"/work/{path}"
         reply = self._ask({"op": "put", "path": target, "data": base64.b64encode(raw).decode()})
-        if reply.get("error") and not self.stopped:
+        if reply["error"] and not self.stopped:
             raise ValueError(f"cannot write {path}: {reply['error']}")
 
     def files(self) -> dict[str, bytes]:
-        """The workspace's files (small ones), for graders; empty once the sandbox has stopped."""
+        """The workspace's regular files (small ones, links not followed), for graders; empty once stopped."""
         reply = self._ask({"op": "snapshot"})
         return {path: base64.b64decode(data) for path, data in reply.get("files", {}).items()}
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self._kill("closed")
-        for stream in (self.process.stdin, self.process.stdout):
+        """Ends the sandbox; when this returns no process of it is left."""
+        if self._reader.closed:
+            return
+        if not self.stopped:
+            os.close(self._requests)  # the agent's end of input: it exits, and pid 1's exit empties the namespace
+            self._requests = -1
             try:
-                stream.close()
-            except OSError:
+                self.process.wait(timeout=HOST_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
                 pass
+        self._kill("closed")  # only if still running
         self.process.wait()
+        give_up = time.monotonic() + HOST_GRACE_SECONDS  # after a kill, pid 1 and the rest die asynchronously
+        while _processes_of(self.uid) and time.monotonic() < give_up:
+            time.sleep(0.01)
+        for stream in (self._reader, self._bwrap_errors):
+            stream.close()
+        if self._requests >= 0:
+            os.close(self._requests)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -169,49 +132,91 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _start(self, files: Mapping[str, str | bytes]) -> None:
+        try:
+            self._read_reply(START_SECONDS)  # the agent's {"ready"}
+        except (OSError, ValueError, TimeoutError) as exc:
+            self._kill(f"{type(exc).__name__}: {exc}")
+        for path, data in files.items():
+            self.write(path, data)
+        if self.stopped:
+            reason = self.stopped
+            self.close()
+            raise SandboxUnavailable(f"the sandbox did not start: {reason}")
+
     def _result(self, reply: dict) -> Result:
         if "output" not in reply:
-            return Result("", None, reply.get("error") or "the sandbox stopped")
+            return Result("", None, reply["error"] or "the sandbox stopped")
         return Result(reply["output"], reply["exit_code"], reply["error"])
 
     def _ask(self, request: dict) -> dict:
         if self.stopped:
             return {"error": f"the sandbox stopped ({self.stopped})"}
+        request_id = secrets.token_hex(8)  # a reply must echo it: one out of turn stops the sandbox
         try:
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-            self.process.stdin.flush()
+            self._send({**request, "id": request_id})
             while True:
-                reply = self._read_line()
+                reply = self._read_reply(self.limits.wall_seconds + HOST_GRACE_SECONDS)
+                if reply.get("id") != request_id:
+                    raise ValueError("the sandbox answered out of turn")
                 if "llm_query" not in reply:
                     return reply
-                self._answer_llm_query(reply["llm_query"])
+                self._send(self._answer_llm_query(reply["llm_query"]))
         except (OSError, ValueError, TimeoutError) as exc:
             self._kill(f"{type(exc).__name__}: {exc}")
             return {"error": f"the sandbox stopped ({self.stopped})"}
 
-    def _read_line(self) -> dict:
-        timer = threading.Timer(self.limits.wall_seconds + HOST_GRACE_SECONDS, self._kill, ("no answer in time",))
+    def _send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(self._requests, data):]
+
+    def _read_reply(self, timeout: float) -> dict:
+        timer = threading.Timer(timeout, self._kill, ("no answer in time",))
         timer.start()
         try:
-            line = self.process.stdout.readline(1 << 24)
+            line = self._reader.readline(REPLY_BYTES)
         finally:
             timer.cancel()
-        if not line:
-            raise TimeoutError(self.stopped or "the sandbox exited")
-        return json.loads(line)
+        if len(line) == REPLY_BYTES:
+            raise ValueError("the sandbox sent an overlong reply")
+        if not line.endswith(b"\n"):
+            raise TimeoutError(self.stopped or self._exit_reason())
+        reply = json.loads(line)
+        if not isinstance(reply, dict):
+            raise ValueError("the sandbox sent a reply that is not an object")
+        return reply
 
-    def _answer_llm_query(self, prompt: str) -> None:
+    def _answer_llm_query(self, prompt: str) -> dict:
         if self.llm is None:
-            reply = {"error": "llm_query is not available in this environment"}
-        else:
-            self.llm_calls += 1
-            reply = {"answer": self.llm(prompt)}
-        self.process.stdin.write((json.dumps(reply) + "\n").encode())
-        self.process.stdin.flush()
+            return {"error": "llm_query is not available in this environment"}
+        self.llm_calls += 1
+        try:
+            return {"answer": str(self.llm(prompt))}
+        except Exception as exc:  # noqa: BLE001 - the host model's failure is the cell's error, not the episode's
+            return {"error": f"llm_query failed: {type(exc).__name__}: {exc}"}
+
+    def _exit_reason(self) -> str:
+        try:
+            self.process.wait(timeout=1)  # its pipe closes as it exits
+        except subprocess.TimeoutExpired:
+            return "the sandbox closed its pipe"
+        self._bwrap_errors.seek(0)
+        said = self._bwrap_errors.read(4096).decode("utf-8", "replace").strip()
+        return f"the sandbox exited with code {self.process.returncode}" + (f": {said}" if said else "")
 
     def _kill(self, reason: str) -> None:
         self.stopped = self.stopped or reason
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # bwrap's child dies with it (--die-with-parent)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Host pids whose real uid is `uid` (a non-dumpable one's /proc folder is root's, so read its status)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and f"Uid:\t{uid}\t" in (entry / "status").read_text():
+                pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,93 @@
+"""The bubblewrap sandbox's basic contract: it refuses to run without bwrap, and files, commands,
+Python cells, variables and llm_query work as envs expect. Hostile actions: test_sandbox_adversarial.py."""
+
+import pytest
+
+from envs.sandbox import INSTALL_HINT, Sandbox, SandboxLimits, SandboxUnavailable, _processes_of
+
+LIMITS = SandboxLimits(wall_seconds=5)
+
+
+def test_missing_bwrap_is_unavailable_with_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no bwrap on PATH
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap") as raised:
+        Sandbox(LIMITS)
+    assert str(raised.value) == INSTALL_HINT
+
+
+def test_files_written_at_start_are_visible():
+    files = {"a.txt": "hello\n", "pkg/data.bin": b"\x00\x01\xff", "/tmp/side.txt": "side\n"}
+    with Sandbox(LIMITS, files=files) as sandbox:
+        result = sandbox.run("cat a.txt; od -An -tx1 pkg/data.bin; cat /tmp/side.txt; pwd")
+        assert result.exit_code == 0 and result.error is None
+        assert result.output.split() == ["hello", "00", "01", "ff", "side", "/work"]
+        snapshot = sandbox.files()
+    assert snapshot == {"a.txt": b"hello\n", "pkg/data.bin": b"\x00\x01\xff"}
+
+
+def test_write_outside_the_workspace_is_refused():
+    with Sandbox(LIMITS) as sandbox:
+        with pytest.raises(ValueError, match="not writable"):
+            sandbox.write("../etc/x", "x")
+        assert sandbox.run("echo ok").output == "ok\n"
+
+
+def test_exit_codes_and_observations():
+    with Sandbox(LIMITS) as sandbox:
+        failed = sandbox.run("echo out; echo err >&2; exit 3")
+        assert (failed.output, failed.exit_code) == ("out\nerr\n", 3)
+        assert failed.observation() == "out\nerr\n[exit code 3]"
+        cell = sandbox.run_python("1 / 0")
+        assert cell.exit_code == 1 and cell.error == "ZeroDivisionError: division by zero"
+        assert cell.observation() == "[error: ZeroDivisionError: division by zero]"
+
+
+def test_python_namespace_persists_between_cells_and_shell_commands():
+    with Sandbox(LIMITS) as sandbox:
+        assert sandbox.run_python("total = 40\ndef add(x):\n    return total + x").exit_code == 0
+        assert sandbox.run("echo between").exit_code == 0
+        result = sandbox.run_python("print(add(2))\nimport subprocess\nprint(subprocess.run(['false']).returncode)")
+        assert (result.output, result.exit_code) == ("42\n1\n", 0)
+
+
+def test_set_variables_are_seen_by_cells():
+    with Sandbox(LIMITS) as sandbox:
+        sandbox.set_variables({"context": ["a", "b"], "n": 3})
+        assert sandbox.run_python("print(context[1] * n)").output == "bbb\n"
+
+
+def test_llm_query_reaches_the_host_callable_and_is_counted():
+    prompts = []
+
+    def llm(prompt):
+        prompts.append(prompt)
+        return prompt.upper()
+
+    with Sandbox(LIMITS, llm=llm) as sandbox:
+        result = sandbox.run_python("print(llm_query('hi'), llm_query('there'))")
+        assert (result.output, result.error) == ("HI THERE\n", None)
+        assert prompts == ["hi", "there"] and sandbox.llm_calls == 2
+
+
+def test_llm_query_failures_are_the_cells_errors():
+    def broken(prompt):
+        raise ConnectionError("model down")
+
+    with Sandbox(LIMITS, llm=broken) as sandbox:
+        result = sandbox.run_python("llm_query('x')")
+        assert result.error == "RuntimeError: llm_query failed: ConnectionError: model down"
+        assert sandbox.run_python("print('still here')").output == "still here\n"
+    with Sandbox(LIMITS) as sandbox:
+        assert "not available" in sandbox.run_python("llm_query('x')").error
+
+
+def test_close_leaves_no_process_and_later_calls_get_an_error():
+    sandbox = Sandbox(LIMITS)
+    sandbox.run_python("x = 1")  # starts the Python worker too
+    assert _processes_of(sandbox.uid)
+    sandbox.close()
+    assert _processes_of(sandbox.uid) == []
+    result = sandbox.run("echo hi")
+    assert result.exit_code is None and "stopped" in result.error
+    assert sandbox.files() == {}
+    sandbox.close()  # twice is fine
