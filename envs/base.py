@@ -138,3 +138,19 @@ class Environment(Protocol):
 
     def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         """Whether the completion follows the env's answer format."""
+
+
+def play_oracle(env: Environment, task: Task, llm: SubPolicy | None = None) -> str:
+    """The oracle's transcript of `task`: its actions played through a real episode (sandbox
+    included), each followed by the env's answer, as `roll_out` writes `Trajectory.text` for an
+    episode whose context is never restarted."""
+    episode, transcript = env.start(task, llm), ""
+    try:
+        for action in env.oracle_actions(task):
+            turn = episode.step(action)
+            transcript += action + ("" if turn.done else turn.observation)
+            if turn.done:
+                break
+    finally:
+        episode.finish()
+    return transcript

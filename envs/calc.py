@@ -15,7 +15,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.base import (
+    NO_OUTCOME,
+    Outcome,
+    RewardFunc,
+    Rubric,
+    SubPolicy,
+    Task,
+    Turn,
+    play_oracle,
+)
 
 PROMPT = "Use the calculator: what is {expression}?"
 CALL = "<calc>{expression}</calc>"
@@ -128,11 +137,7 @@ class CalcEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode."""
-        episode, transcript = self.start(task), ""
-        for action in self.oracle_actions(task):
-            turn = episode.step(action)
-            transcript += action + turn.observation
-        return transcript
+        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return correctness(completion, task) == 1.0

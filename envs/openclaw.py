@@ -20,7 +20,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task
+from envs.base import (
+    NO_OUTCOME,
+    Outcome,
+    RewardFunc,
+    Rubric,
+    SubPolicy,
+    Task,
+    cycled,
+    play_oracle,
+)
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
@@ -231,16 +240,7 @@ class OpenClawEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (and sandbox)."""
-        episode, transcript = self.start(task), ""
-        try:
-            for action in self.oracle_actions(task):
-                turn = episode.step(action)
-                transcript += action + ("" if turn.done else turn.observation)
-                if turn.done:
-                    break
-        finally:
-            episode.finish()
-        return transcript
+        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return outcome["graded"] == 1.0

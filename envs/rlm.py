@@ -20,7 +20,17 @@ from typing import Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task, Turn
+from envs.base import (
+    NO_OUTCOME,
+    Outcome,
+    RewardFunc,
+    Rubric,
+    SubPolicy,
+    Task,
+    Turn,
+    cycled,
+    play_oracle,
+)
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
 
 FAMILIES = ("count", "lookup", "sum", "needle", "ask")
@@ -279,16 +289,7 @@ class RlmEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (sub-calls answered by `oracle_llm`)."""
-        episode, transcript = self.start(task, self.oracle_llm), ""
-        try:
-            for action in self.oracle_actions(task):
-                turn = episode.step(action)
-                transcript += action + ("" if turn.done else turn.observation)
-                if turn.done:
-                    break
-        finally:
-            episode.finish()
-        return transcript
+        return play_oracle(self, task, self.oracle_llm)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return outcome_metric("correct")(completion, task, outcome) == 1.0

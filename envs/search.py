@@ -22,7 +22,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.base import (
+    NO_OUTCOME,
+    Outcome,
+    RewardFunc,
+    Rubric,
+    SubPolicy,
+    Task,
+    Turn,
+    play_oracle,
+)
 from envs.search_corpus import Corpus, Passage, corpus
 
 PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"
@@ -214,14 +223,7 @@ class SearchEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode."""
-        episode, transcript = self.start(task), ""
-        for action in self.oracle_actions(task):
-            turn = episode.step(action)
-            transcript += action + (turn.observation if not turn.done else "")
-            if turn.done:
-                break
-        episode.finish()
-        return transcript
+        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return exact_match(completion, task) == 1.0

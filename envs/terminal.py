@@ -25,7 +25,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, cycled, Rubric, SubPolicy, Task, Turn
+from envs.base import (
+    NO_OUTCOME,
+    Outcome,
+    RewardFunc,
+    Rubric,
+    SubPolicy,
+    Task,
+    Turn,
+    cycled,
+    play_oracle,
+)
 from envs.sandbox import Result, Sandbox, SandboxLimits
 
 DATA = Path(__file__).with_name("data") / "terminal"
@@ -275,14 +285,7 @@ class TerminalEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (its sandbox included)."""
-        episode, transcript = self.start(task), ""
-        try:
-            for action in self.oracle_actions(task):  # its last action ends the episode
-                turn = episode.step(action)
-                transcript += action + ("" if turn.done else turn.observation)
-        finally:
-            episode.finish()
-        return transcript
+        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return "tests_passed" in outcome and outcome["tests_passed"] == 1.0

@@ -51,14 +51,21 @@ def step_advantages(step_rewards: list[list[float]], group_size: int, gamma: flo
     the whole batch and `none` drops the division. A NaN reward-to-go gets advantage 0 and is
     left out of the statistics.
     """
+    returns = [rewards_to_go(rewards, gamma) for rewards in step_rewards]
+    keys = [i // group_size for i, trajectory in enumerate(returns) for _ in trajectory]
+    return _centered_by_key(returns, keys, scale)
+
+
+def _centered_by_key(returns: list[list[float]], keys: list, scale: str) -> list[list[float]]:
+    """Each return minus the mean of the returns that share its key (`group`: divided by their
+    unbiased std + 1e-4; `batch`: by that of every return); NaN → 0, left out of the statistics;
+    laid back out per trajectory."""
     import torch
 
-    returns = [rewards_to_go(rewards, gamma) for rewards in step_rewards]
     flat = torch.tensor([r for trajectory in returns for r in trajectory], dtype=torch.float64)
-    group_of = torch.tensor([i // group_size for i, trajectory in enumerate(returns) for _ in trajectory])
     advantages = torch.zeros_like(flat)
-    for group in group_of.unique():
-        rows = group_of == group
+    for key in set(keys):
+        rows = torch.tensor([k == key for k in keys], dtype=torch.bool)
         values = flat[rows]
         centered = values - values.nanmean()
         if scale == "group":
@@ -123,29 +130,9 @@ def cod_advantages(step_rewards: list[list[float]], kinds: list[list[str]], grou
     divides by the unbiased std of the slot's returns + 1e-4, `batch` by that of every return in
     the batch. A NaN return gets advantage 0 and is left out of the statistics.
     """
-    import torch
-
     returns = [cod_returns(rewards, turn_kinds) for rewards, turn_kinds in zip(step_rewards, kinds)]
-    flat = torch.tensor([r for trajectory in returns for r in trajectory], dtype=torch.float64)
     keys = [(i // group_size, *slot) for i, turn_kinds in enumerate(kinds) for slot in cod_slots(turn_kinds)]
-    advantages = torch.zeros_like(flat)
-    for key in set(keys):
-        rows = torch.tensor([k == key for k in keys])
-        values = flat[rows]
-        centered = values - values.nanmean()
-        if scale == "group":
-            centered = centered / (_nanstd(values.view(1, -1), dim=1) + ADVANTAGE_EPS)
-        advantages[rows] = centered
-    if scale == "batch":
-        advantages = advantages / (_nanstd(flat.view(1, -1), dim=1) + ADVANTAGE_EPS)
-    elif scale not in ("group", "none"):
-        raise ValueError(f"unknown reward scaling {scale!r}")
-    advantages = torch.nan_to_num(advantages, nan=0.0).tolist()
-    out, start = [], 0
-    for trajectory in returns:
-        out.append(advantages[start:start + len(trajectory)])
-        start += len(trajectory)
-    return out
+    return _centered_by_key(returns, keys, scale)
 
 
 def _nanstd(values, dim: int):
