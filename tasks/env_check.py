@@ -41,13 +41,18 @@ def scripted_policy(env, tokenizer, scripts: list[list[str]]) -> ScriptedPolicy:
     return ScriptedPolicy(tokenizer, scripts, respond=respond)
 
 
-def _scores(env, tokenizer, tasks, scripts):
+def scripted_rollouts(env, tokenizer, tasks, scripts: list[list[str]]):
+    """The trajectories of `scripts` played on `tasks`, CHUNK episodes (sandboxes) at a time."""
     trajectories = []
     for start in range(0, len(tasks), CHUNK):
         policy = scripted_policy(env, tokenizer, scripts[start:start + CHUNK])
         trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], SamplingParams(SCRIPT_TOKENS))
+    return trajectories
+
+
+def _scores(env, tokenizer, tasks, scripts):
     return [(env.rubric.score(t.text, t.task, t.outcome), env.is_correct(t.text, t.task, t.outcome))
-            for t in trajectories]
+            for t in scripted_rollouts(env, tokenizer, tasks, scripts)]
 
 
 def check_env(env, tokenizer, tasks=None) -> list[TaskCheck]:

@@ -15,15 +15,12 @@ from data_contracts.config import ContractParams
 from envs.base import Task
 from envs.loader import make_env
 from models.loading import context_length, load_tokenizer, resolve_base
-from models.sampling import SamplingParams, chat_prompt
+from models.sampling import chat_prompt
 from tasks.config import SynthesizeStage
 from tasks.datasets import write_rows
-from tasks.env_check import scripted_policy
-from tasks.rollouts import Trajectory, roll_out
+from tasks.env_check import scripted_rollouts
+from tasks.rollouts import Trajectory
 from tasks.stage import StageContext, StageOutput
-
-ORACLE_TOKENS = 4096  # a scripted action is never cut
-
 
 def teacher_completions(env, tasks: list[Task], teacher: str) -> list[str]:
     if teacher == "oracle":
@@ -51,8 +48,7 @@ def segments(trajectory: Trajectory) -> list[tuple[list[int], list[int]]]:
 
 def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer) -> tuple[list[dict], int]:
     """Rows of the oracle's episodes (one per context stretch) and how many episodes it solved."""
-    policy = scripted_policy(env, tokenizer, [env.oracle_actions(task) for task in tasks])
-    trajectories = roll_out(policy, tokenizer, env, tasks, SamplingParams(ORACLE_TOKENS))
+    trajectories = scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
     rows, solved = [], 0
     for trajectory in trajectories:
         solved += env.is_correct(trajectory.text, trajectory.task, trajectory.outcome)
