@@ -57,3 +57,22 @@ def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
     chosen, rejected = encode_pairs(TOKENIZER, pairs, 256)
     assert trained_text(chosen[0]) == "".join(good) + TOKENIZER.eos_token
     assert trained_text(rejected[0]) == "".join(bad) + TOKENIZER.eos_token
+
+
+def test_generate_writes_whole_episodes_with_complementary_masks():
+    from envs.doom import DoomLoopDetector
+    from models.loading import load_model
+    from models.config import ModelConfig
+    from tasks.config import GenerateStage
+    from tasks.generate import episode_rows
+
+    model = load_model(materialize("tiny-llama"), ModelConfig())
+    stage = GenerateStage(kind="generate", id="g", policy="sft", env="calc", n=2, samples=2, greedy=1, max_tokens=8)
+    tasks = ENV.tasks("train", 2, 0)
+    rows = episode_rows(ENV, tasks, model, TOKENIZER, stage, DoomLoopDetector())
+    assert [row["mode"] for row in rows] == ["sampled", "sampled", "greedy"] * 2
+    assert [row["prompt_id"] for row in rows] == [tasks[0].id] * 3 + [tasks[1].id] * 3
+    for row in rows:
+        assert len(row["tokens"]) == len(row["loss_mask"]) == len(row["env_mask"]) > 0
+        assert all(a + b == 1 for a, b in zip(row["loss_mask"], row["env_mask"]))
+        assert row["turns"] >= 1 and row["finish_reason"] in ("stop", "length")
