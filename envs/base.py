@@ -31,6 +31,17 @@ def cycled(pool: list[Task], n: int, draw: random.Random) -> list[Task]:
     return tasks[:n]
 
 
+def draw_split(catalogue: list[Task], split: str, n: int, seed_key: str, empty: str) -> list[Task]:
+    """`n` tasks of the catalogue's `split` (its tasks' info["split"]), `cycled`; `empty` is the
+    error when the split has no task."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"unknown split {split!r}")
+    pool = [task for task in catalogue if task.info["split"] == split]
+    if not pool:
+        raise ValueError(empty)
+    return cycled(pool, n, random.Random(seed_key))
+
+
 @dataclass(frozen=True)
 class RewardFunc:
     """A named reward function of (transcript, task, outcome); weight 0 makes it a logged metric only."""

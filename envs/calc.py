@@ -15,16 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import (
-    NO_OUTCOME,
-    Outcome,
-    RewardFunc,
-    Rubric,
-    SubPolicy,
-    Task,
-    Turn,
-    play_oracle,
-)
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, play_oracle
 
 PROMPT = "Use the calculator: what is {expression}?"
 CALL = "<calc>{expression}</calc>"

@@ -13,23 +13,13 @@ task's grader (envs/openclaw_graders.py) scores the workspace snapshot and the t
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import (
-    NO_OUTCOME,
-    Outcome,
-    RewardFunc,
-    Rubric,
-    SubPolicy,
-    Task,
-    cycled,
-    play_oracle,
-)
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, draw_split, play_oracle
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
@@ -220,12 +210,8 @@ class OpenClawEnv:
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split in a seeded order, cycling through the split when `n` exceeds it."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
-        pool = [task for task in self.catalogue if task.info["split"] == split]
-        if not pool:
-            raise ValueError(f"the {split} split of {self.name} has no tasks")
-        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
+        return draw_split(self.catalogue, split, n, f"{self.name}:{split}:{seed}",
+                          f"the {split} split of {self.name} has no tasks")
 
     def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode:
         """A fresh sandbox holding the task's files and the skill folders (SandboxUnavailable propagates)."""

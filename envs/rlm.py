@@ -20,17 +20,7 @@ from typing import Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import (
-    NO_OUTCOME,
-    Outcome,
-    RewardFunc,
-    Rubric,
-    SubPolicy,
-    Task,
-    Turn,
-    cycled,
-    play_oracle,
-)
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
 
 FAMILIES = ("count", "lookup", "sum", "needle", "ask")
@@ -272,10 +262,8 @@ class RlmEnv:
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split; past its size, the split again in another seeded order."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
-        pool = [t for t in self._catalogue if t.info["split"] == split]
-        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
+        return draw_split(self._catalogue, split, n, f"{self.name}:{split}:{seed}",
+                          f"the {split} split of {self.name} has no tasks")
 
     def context(self, task: Task) -> str:
         return generate(task.info["family"], task.info["seed"], task.info["context_chars"]).context

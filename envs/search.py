@@ -22,16 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import (
-    NO_OUTCOME,
-    Outcome,
-    RewardFunc,
-    Rubric,
-    SubPolicy,
-    Task,
-    Turn,
-    play_oracle,
-)
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, play_oracle
 from envs.search_corpus import Corpus, Passage, corpus
 
 PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"

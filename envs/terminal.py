@@ -14,7 +14,6 @@ The policy writes one command per action, `<bash>wc -l data.txt</bash>`, and the
 
 from __future__ import annotations
 
-import random
 import re
 import secrets
 import shlex
@@ -25,17 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envs.base import (
-    NO_OUTCOME,
-    Outcome,
-    RewardFunc,
-    Rubric,
-    SubPolicy,
-    Task,
-    Turn,
-    cycled,
-    play_oracle,
-)
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits
 
 DATA = Path(__file__).with_name("data") / "terminal"
@@ -262,12 +251,8 @@ class TerminalEnv:
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split in a seeded order, cycling (reshuffled each pass) when n exceeds it."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
-        pool = [task for task in self._tasks if task.info["split"] == split]
-        if not pool:
-            raise ValueError(f"{_shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)")
-        return cycled(pool, n, random.Random(f"{self.name}:{split}:{seed}"))
+        return draw_split(self._tasks, split, n, f"{self.name}:{split}:{seed}",
+                          f"{_shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)")
 
     def limits(self, task: Task) -> SandboxLimits:
         """The config's sandbox limits, lowered by the task's own (agent timeout, memory, storage)."""
