@@ -42,6 +42,9 @@ class SandboxLimits(BaseModel):
     output_bytes: int = Field(1024, ge=64)  # what the policy sees of one command's output
 
 
+SANDBOX_ID = 1000  # the uid/gid the policy sees inside: the same in every sandbox, so observations
+# (`id`, `ls -ln`) do not depend on which host uid this sandbox got (runs stay reproducible)
+
 def _tool(name: str, hint: str) -> str:
     path = shutil.which(name)
     if path is None:
@@ -98,7 +101,8 @@ def bwrap_command(limits: SandboxLimits, uid: int) -> list[str]:
         _tmpfs_options(limits.disk_mb * MB, limits.max_files, "0755", uid),
         _tmpfs_options(TMP_BYTES, TMP_FILES, "01777", uid), _tmpfs_options(SHM_BYTES, SHM_FILES, "01777", uid),
         setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
+        "--disable-userns", "--die-with-parent",
         "--new-session", "--as-pid-1", "--hostname", "sandbox",
         *_system_binds(), *python_binds, "--proc", "/proc", "--dev", "/dev",
         "--bind", f"{base}/work", "/work", "--bind", f"{base}/tmp", "/tmp", "--bind", f"{base}/shm", "/dev/shm",

@@ -91,3 +91,13 @@ def test_close_leaves_no_process_and_later_calls_get_an_error():
     assert result.exit_code is None and "stopped" in result.error
     assert sandbox.files() == {}
     sandbox.close()  # twice is fine
+
+
+def test_the_policy_sees_the_same_ids_in_every_sandbox():
+    """Each sandbox runs as its own host uid, but `id` and `ls -ln` must not show which one:
+    observations (and so rollouts) would differ from run to run."""
+    seen = []
+    for _ in range(2):
+        with Sandbox() as box:
+            seen.append(box.run("touch f; id; ls -ln f | cut -d' ' -f3,4").output)
+    assert seen[0] == seen[1] and seen[0].startswith("uid=1000 gid=1000")
