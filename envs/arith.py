@@ -55,6 +55,8 @@ def completion_words(completion: str, task: Task, outcome: Outcome = NO_OUTCOME)
 
 
 class ArithEnv:
+    restarts_context = False
+    pays_per_step = False
     max_turns = 1
     action_stop = ()
 

@@ -128,6 +128,8 @@ class Environment(Protocol):
     rubric: Rubric
     max_turns: int  # actions per episode at most; the episode is cut (truncated) after that
     action_stop: tuple[str, ...]  # strings that end one action (a tool call), besides the end token
+    restarts_context: bool  # an episode may start a fresh context (Turn.restart): only per-turn rows train on it
+    pays_per_step: bool  # the per-step rewards are the whole reward; the rubric total is not added on top
 
     def all_tasks(self) -> list[Task]:
         """Every shipped task of both splits (a fixed catalogue where tasks are drawn): what the oracle check plays."""

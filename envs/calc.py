@@ -82,6 +82,8 @@ def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> fl
 
 
 class CalcEnv:
+    restarts_context = False
+    pays_per_step = False
     action_stop = ("</calc>",)
 
     def __init__(self, config: CalcEnvConfig, name: str = "calc"):

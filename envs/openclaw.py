@@ -185,6 +185,8 @@ def tool_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> f
 
 
 class OpenClawEnv:
+    restarts_context = False
+    pays_per_step = False
     action_stop = ("</tool>",)
 
     def __init__(self, config: OpenClawEnvConfig, name: str = "openclaw"):

@@ -236,6 +236,8 @@ def outcome_metric(key: str) -> Callable[..., float]:
 
 
 class RlmEnv:
+    restarts_context = False
+    pays_per_step = False
     action_stop = ("</repl>",)
     oracle_llm = staticmethod(oracle_llm)  # what the oracle's llm_query calls must answer for it to be right
 

@@ -153,6 +153,8 @@ class SearchEpisode:
 
 
 class SearchEnv:
+    restarts_context = False
+    pays_per_step = False
     action_stop = ("</search>",)
 
     def __init__(self, config: SearchEnvConfig, name: str = "search"):

@@ -231,6 +231,8 @@ class TerminalEnvConfig(BaseModel):
 
 
 class TerminalEnv:
+    restarts_context = False
+    pays_per_step = False
     action_stop = ("</bash>",)
 
     def __init__(self, config: TerminalEnvConfig, name: str = "terminal"):

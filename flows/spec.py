@@ -180,9 +180,10 @@ def _check_one_sequence_envs(spec: PipelineSpec) -> None:
         env_ids = [stage.env] if stage.kind == "generate" else \
             list(stage.envs) if stage.kind == "rl" and stage.algorithm == "grpo" else []
         for env_id in env_ids:
-            if spec.envs[env_id].kind == "cod":
+            if make_env(env_id, spec.envs[env_id]).restarts_context:
                 where = "env" if stage.kind == "generate" else f"envs.{env_id}"
-                raise SpecError(f"stages[{i}].{where}: env {env_id!r} (cod) restarts its context for every "
+                kind = spec.envs[env_id].kind
+                raise SpecError(f"stages[{i}].{where}: env {env_id!r} ({kind}) restarts its context for every "
                                 f"task of a pack; only an rl stage with algorithm: steppo can train on it")
 
 

@@ -16,7 +16,6 @@ import random
 from dataclasses import dataclass
 
 from envs.base import RewardFunc, Rubric
-from envs.cod import CodEnv
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
@@ -76,9 +75,9 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
                        for turn in trajectory.turns)
         shaping -= stage.overlong.penalty * overlong
     step_rewards = [turn.reward for turn in trajectory.turns]
-    # cod pays every solve turn already (its rubric restates them as the pack's mean), and a cut
+    # an env that pays per step (cod: every solve turn; its rubric restates them as the pack's mean), and a cut
     # pack keeps what its solved tasks earned: only the stage's shaping is added there
-    step_rewards[-1] += shaping + (0.0 if isinstance(env, CodEnv) else total)
+    step_rewards[-1] += shaping + (0.0 if env.pays_per_step else total)
     repetition = repetition_excess(actions, stage.anti_doom.ngram, stage.anti_doom.threshold) \
         if stage.anti_doom is not None else 0.0
     return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome),
@@ -221,7 +220,7 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     tokenizer = load_tokenizer(source)
     envs = {env_id: make_env(env_id, ctx.envs[env_id]) for env_id in stage.envs}
     for env_id, env in envs.items():
-        if isinstance(env, CodEnv) and stage.algorithm != "steppo":  # a grpo row is one growing context
+        if env.restarts_context and stage.algorithm != "steppo":  # a grpo row is one growing context
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")
     rubric_of = {env_id: env.rubric for env_id, env in envs.items()}
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
