@@ -1,4 +1,5 @@
-"""`posttrain` command line: run | validate | status | lineage | verify | contracts | envs | sandbox."""
+"""`posttrain` command line: run | validate | status | eval | serve | serve-model | lineage | verify |
+contracts | envs | sandbox."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def _store(uri: str, storage_options: dict | None = None):
     return store
 
 
+def _check_prefect_api() -> str | None:
+    """The Prefect API of PREFECT_API_URL if one is named (None: ephemeral mode); a named server
+    that does not answer is bad input, before anything runs."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if api is None:
+        return None
+    import httpx
+
+    try:
+        httpx.get(f"{api.rstrip('/')}/health", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"PREFECT_API_URL {api}: the Prefect server does not answer ({reason})") from None
+    return api
+
+
 def _load(path: str):
     from flows.spec import SpecError, load_spec
 
@@ -52,24 +71,26 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from artifacts.refs import hash_value
-    from artifacts.store import AlreadyExists
     from flows.report import print_run_report
 
     spec, text = _load(args.spec)
     store = _store(args.store or spec.store, spec.storage_options)
-    spec_hash = hash_value(text)[:16]
-    try:
-        store.create_only(store.path("specs", f"{spec_hash}.yaml"), text.encode())
-    except AlreadyExists:
-        pass
+    api = _check_prefect_api()
+    if spec.workers is not None and api is None:
+        raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "
+                        "but PREFECT_API_URL is not set")
 
-    from flows.post_train import new_run_id, post_train
+    from flows.post_train import INLINE_EVALUATION, new_run_id, post_train, save_spec
 
+    spec_hash = save_spec(store, text)
     run_id = new_run_id(spec.name)
     print(f"run {run_id}  (store {store.uri})", flush=True)
-    state = post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), run_id, spec_hash,
-                                                          store.uri, return_state=True)
+    if spec.evaluation.on_new_checkpoint:
+        print(INLINE_EVALUATION if api is None else
+              f"evaluation.on_new_checkpoint: checkpoint events go to {api}; the evaluate-on-checkpoint "
+              "deployment (posttrain serve, or deployments/prefect.yaml) evaluates them", flush=True)
+    state = post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), store.uri, run_id,
+                                                          spec_hash, return_state=True)
     summary_path = store.path("runs", f"{run_id}.json")
     if not store.exists(summary_path):
         print(f"run {run_id} ended {state.name} before its first stage: {state.message}", file=sys.stderr)
@@ -82,6 +103,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from flows.leaderboard import evaluations
     from flows.report import print_run_list, print_run_status
 
     store = _store(args.store)
@@ -89,10 +111,46 @@ def cmd_status(args) -> int:
         path = store.path("runs", f"{args.run_id}.json")
         if not store.exists(path):
             raise UserError(f"run_id: no run {args.run_id!r} in {store.uri}")
-        print_run_status(store.read_json(path))
+        summary = store.read_json(path)
+        print_run_status(summary, evaluations(store, summary["pipeline"]))
     else:
-        print_run_list(store)
+        print_run_list(store, lambda pipeline: evaluations(store, pipeline))
     return 0
+
+
+def cmd_eval(args) -> int:
+    from flows.eval_cli import EvaluationInputError, run_eval
+
+    store = _store(args.store)
+    _check_prefect_api()
+    try:
+        return run_eval(store, args.ref, args.env, args.n, args.max_new_tokens)
+    except EvaluationInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_serve(args) -> int:
+    from flows.triggers import serve
+
+    if args.spec:
+        _load(args.spec)
+    if _check_prefect_api() is None:
+        raise UserError("PREFECT_API_URL: `posttrain serve` needs a Prefect server to receive events "
+                        "(start one with `prefect server start`, then set PREFECT_API_URL=http://127.0.0.1:4200/api)")
+    if args.cron and not args.spec:
+        raise UserError("--cron: schedules a pipeline; name its spec with --spec")
+    serve(args.spec, args.cron, args.store)
+    return 0
+
+
+def cmd_serve_model(args) -> int:
+    from flows.serve_model_cli import ServeModelInputError, serve_model
+
+    store = _store(args.store)
+    try:
+        return serve_model(args.ref, store.uri, args.host, args.port, args.name)
+    except ServeModelInputError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _ref(text: str):
@@ -215,6 +273,27 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--python", action="store_true", help="run the text as a Python cell (the rlm REPL)")
     box.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     box.set_defaults(func=cmd_sandbox)
+    evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand)")
+    evaluation.add_argument("ref", help="a checkpoint, name@version")
+    evaluation.add_argument("--env", action="append", help="env id of the checkpoint's spec, or an env kind "
+                            "(repeatable; default: the spec's evaluation.envs)")
+    evaluation.add_argument("--n", type=int, help="tasks per env (default: the spec's evaluation.n)")
+    evaluation.add_argument("--max-new-tokens", type=int)
+    evaluation.add_argument("--store", default=DEFAULT_STORE)
+    evaluation.set_defaults(func=cmd_eval)
+    serve = commands.add_parser("serve", help="serve the evaluate-on-checkpoint trigger (and a pipeline) "
+                                "against PREFECT_API_URL")
+    serve.add_argument("--spec", help="also serve this pipeline as deployment post-train/served")
+    serve.add_argument("--cron", help="run that pipeline on this cron schedule, e.g. '0 2 * * *'")
+    serve.add_argument("--store", help="store URI for the served pipeline (overrides its spec's)")
+    serve.set_defaults(func=cmd_serve)
+    serve_model = commands.add_parser("serve-model", help="serve a checkpoint as an OpenAI-compatible API")
+    serve_model.add_argument("ref", help="a checkpoint, name@version")
+    serve_model.add_argument("--port", type=int, default=8000)
+    serve_model.add_argument("--host", default="127.0.0.1")
+    serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
+    serve_model.add_argument("--store", default=DEFAULT_STORE)
+    serve_model.set_defaults(func=cmd_serve_model)
     for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
                              ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
         sub = commands.add_parser(name, help=text)

@@ -7,57 +7,67 @@ import time
 from datetime import datetime, timezone
 
 from prefect import flow, get_run_logger
+from prefect.settings import PREFECT_API_URL
 from prefect.states import Failed
 
 from artifacts.refs import hash_value
-from artifacts.store import Store, now_iso
+from artifacts.store import AlreadyExists, Store, now_iso
+from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
-from flows.spec import PipelineSpec, parse_spec, topological_order
-from models.loading import base_identity
-from tasks.runner import code_version, run_stage, stage_cache_key, task_folder_digest
-
+from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
+from flows.stage_flow import submit_stage
+from flows.stage_requests import stage_request, stage_task_options
+from tasks.runner import cached_result, code_version, run_stage
 
 # The stage's own timeout kills its child process and names the stage; Prefect's task timeout
 # is a backstop a little later (it also covers the cache lookup and the commit).
 TIMEOUT_GRACE_SECONDS = 60
+INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
+                     "each new checkpoint is evaluated inline, after the stage that made it")
 
 
 def new_run_id(pipeline: str) -> str:
     return f"{pipeline}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
-def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: Store, run_id: str,
-                  spec_hash: str) -> dict:
-    env_ids = [env_id for _, env_id in stage.env_refs()]
-    envs = {env_id: spec.envs[env_id].model_dump() for env_id in env_ids}
-    model = spec.model.model_dump()
-    context = {"model": model, "base": base_identity(spec.model.base), "envs": envs,
-               "env_data": {env_id: task_folder_digest(spec.envs[env_id]) for env_id in env_ids}}
-    key = stage_cache_key(stage.kind, stage.params(), inputs, context)
-    producer = {"pipeline": spec.name, "run_id": run_id, "stage_id": stage.id, "stage_kind": stage.kind,
-                "config_hash": hash_value(stage.params())[:16], "code_version": code_version(),
-                "cache_key": key, "spec": spec_hash}
-    if stage.reads_base_model():
-        producer["base_model"] = context["base"]
-    return {"stage": stage.model_dump(), "pipeline": spec.name, "run_id": run_id, "cache_key": key,
-            "model": model, "envs": envs, "inputs": inputs, "store": store.uri,
-            "storage_options": spec.storage_options, "producer": producer}
+def ephemeral() -> bool:
+    """No Prefect server named: flows run against a temporary in-process API, nobody serves triggers."""
+    return PREFECT_API_URL.value() is None
 
 
-def stage_tags(spec: PipelineSpec, stage) -> list[str]:
-    gpus = spec.resolved(stage).gpus
-    return ["posttrain", f"pipeline:{spec.name}", f"kind:{stage.kind}", "gpu" if gpus else "cpu"]
+def save_spec(store: Store, text: str) -> str:
+    """Keep the spec text in the store (what lineage and triggered evaluations read); returns its hash."""
+    spec_hash = hash_value(text)[:16]
+    try:
+        store.create_only(store.path("specs", f"{spec_hash}.yaml"), text.encode())
+    except AlreadyExists:
+        pass
+    return spec_hash
 
 
 @flow(name="post-train")
-def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str):
-    """Run every stage in dependency order; a failed stage stops everything downstream of it."""
+def post_train(spec: str | dict, store: str | None = None, run_id: str | None = None,
+               spec_hash: str | None = None):
+    """Run every stage in dependency order; a failed stage stops everything downstream of it.
+
+    `spec` is a spec file's path (how a deployment runs it) or the parsed spec (the CLI, which has
+    already saved its text under `spec_hash`); `store` overrides the spec's store.
+    """
     logger = get_run_logger()
-    pipeline = parse_spec(spec)
-    store = Store(store_uri, pipeline.storage_options)
-    summary = {"run_id": run_id, "pipeline": pipeline.name, "spec": spec_hash, "store": store.uri,
+    if isinstance(spec, str):
+        pipeline, text = load_spec(spec)
+        artifact_store = Store(store or pipeline.store, pipeline.storage_options)
+        spec_hash = save_spec(artifact_store, text)
+    else:
+        pipeline = parse_spec(spec)
+        artifact_store = Store(store or pipeline.store, pipeline.storage_options)
+    run_id = run_id or new_run_id(pipeline.name)
+    inline_evaluation = pipeline.evaluation.on_new_checkpoint and ephemeral()
+    if inline_evaluation:
+        logger.info(INLINE_EVALUATION)
+    summary = {"run_id": run_id, "pipeline": pipeline.name, "spec": spec_hash, "store": artifact_store.uri,
                "code_version": code_version(), "state": "running", "started": now_iso(), "stages": [],
-               "not_run": []}
+               "not_run": [], "evaluations": []}
     began = time.monotonic()
     output_of: dict[str, str] = {}
     for stage in topological_order(pipeline):
@@ -65,37 +75,64 @@ def post_train(spec: dict, run_id: str, spec_hash: str, store_uri: str):
         if any(dep not in output_of for dep in deps):
             summary["not_run"].append(stage.id)
             continue
-        request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=store,
+        request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=artifact_store,
                                 run_id=run_id, spec_hash=spec_hash)
-        resolved = pipeline.resolved(stage)
-        task = run_stage.with_options(name=f"{stage.kind}", task_run_name=stage.id, retries=resolved.retries,
-                                      retry_delay_seconds=resolved.retry_delay_seconds,
-                                      timeout_seconds=resolved.timeout_seconds + TIMEOUT_GRACE_SECONDS,
-                                      tags=stage_tags(pipeline, stage))
         stage_began = time.monotonic()
-        state = task(request, resolved.timeout_seconds, return_state=True)
-        record = {"id": stage.id, "kind": stage.kind, "cache_key": request["cache_key"]}
-        if state.is_completed():
-            result = state.result()
-            record.update(state="cached" if state.name == "Cached" else "completed", outputs=result["outputs"],
-                          metrics=result["metrics"], compute_seconds=result.get("compute_seconds"))
-            output_of[stage.id] = next(iter(result["outputs"].values()))
-            logger.info(f"{stage.id}: {record['state']} -> {', '.join(result['outputs'].values())}")
+        record = run_one_stage(pipeline, stage, request, run_id)
+        if record["state"] != "failed":
+            output_of[stage.id] = next(iter(record["outputs"].values()))
+            logger.info(f"{stage.id}: {record['state']} -> {', '.join(record['outputs'].values())}")
             # cached stages too: the artifact belongs to this flow run, whose UI should show it
-            publish_reports(store, pipeline.name, stage.id, result["outputs"])
+            publish_reports(artifact_store, pipeline.name, stage.id, record["outputs"])
         else:
-            record.update(state="failed", outputs={}, metrics={}, error=_state_error(state))
             logger.error(f"{stage.id}: failed: {record['error']}")
+        new_checkpoints = record.pop("new_checkpoints")
+        if inline_evaluation:
+            summary["evaluations"] += [evaluate_inline(ref, artifact_store) for ref in new_checkpoints]
         record["seconds"] = round(time.monotonic() - stage_began, 3)
         summary["stages"].append(record)
-        store.write_json(store.path("runs", f"{run_id}.json"), summary)
+        artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)
     failed = [s["id"] for s in summary["stages"] if s["state"] == "failed"]
     summary.update(state="failed" if failed else "completed", finished=now_iso(),
                    seconds=round(time.monotonic() - began, 3))
-    store.write_json(store.path("runs", f"{run_id}.json"), summary)
+    artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)
     if failed:
         return Failed(message=f"stages failed: {', '.join(failed)}", data=summary)
     return summary
+
+
+def run_one_stage(pipeline: PipelineSpec, stage, request: dict, run_id: str) -> dict:
+    """Run a stage here or on a worker (`workers.deployment`); returns its summary record, with the
+    checkpoints it committed in this run under `new_checkpoints`."""
+    options = stage_task_options(pipeline, stage, stage.id, TIMEOUT_GRACE_SECONDS)
+    timeout = pipeline.resolved(stage).timeout_seconds
+    record = {"id": stage.id, "kind": stage.kind, "cache_key": request["cache_key"], "new_checkpoints": []}
+    if pipeline.workers is None:
+        state = run_stage.with_options(**options)(request, timeout, return_state=True)
+        if not state.is_completed():
+            return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": _state_error(state)}
+        result, cached = state.result(), state.name == "Cached"
+    else:
+        flow_run = submit_stage(pipeline.workers.deployment, request, timeout, options,
+                                {**pipeline.workers.job_variables, "gpus": request["gpus"]}, f"{run_id}-{stage.id}")
+        result = cached_result(Store(request["store"], request["storage_options"]), request["cache_key"])
+        if not flow_run.state.is_completed() or result is None:
+            error = flow_run.state.message or flow_run.state.name
+            return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": f"flow run {flow_run.name}: {error}"}
+        cached = result["run_id"] != run_id
+    return {**record, "state": "cached" if cached else "completed", "outputs": result["outputs"],
+            "metrics": result["metrics"], "compute_seconds": result.get("compute_seconds"),
+            "new_checkpoints": [] if cached else result.get("checkpoints", [])}
+
+
+def evaluate_inline(checkpoint_ref: str, store: Store) -> dict:
+    """Ephemeral mode's stand-in for the checkpoint trigger: the evaluation flow as a subflow."""
+    state = evaluate(checkpoint_ref=checkpoint_ref, store=store.uri, storage_options=store.storage_options,
+                     return_state=True)
+    if not state.is_completed():
+        get_run_logger().error(f"evaluation of {checkpoint_ref} failed: {_state_error(state)}")
+        return {"checkpoint": checkpoint_ref, "state": "failed", "error": _state_error(state)}
+    return state.result()
 
 
 def _state_error(state) -> str:

@@ -55,22 +55,47 @@ def print_run_report(summary: dict) -> None:
             sampled = f"{m['sampled_accuracy']:.1%}" if "sampled_accuracy" in m else "-"
             print(f"{checkpoint:<14} {env:<10} {m['accuracy']:>9.1%} {sampled:>8} {m['format_rate']:>7.1%} "
                   f"{m['doom_loop_rate']:>10.1%} {m['mean_completion_tokens']:>7.1f}")
+    if summary.get("evaluations"):
+        print()
+        print("evaluated inline (evaluation.on_new_checkpoint, ephemeral mode):")
+        for evaluation in summary["evaluations"]:
+            if evaluation["state"] == "failed":
+                print(f"  {evaluation['checkpoint']}: failed: {evaluation['error']}")
+                continue
+            scores = ", ".join(f"{env} {m['accuracy']:.1%}" for env, m in evaluation["metrics"].items())
+            print(f"  {evaluation['checkpoint']}: {evaluation['state']}, accuracy {scores} -> {evaluation['results']}")
     print()
     print(f"artifacts: {summary['store']}/artifacts/  summary: {summary['store']}/runs/{summary['run_id']}.json")
 
 
-def print_run_status(summary: dict) -> None:
+def print_run_status(summary: dict, evaluated: list[dict]) -> None:
     print(f"run {summary['run_id']} ({summary['pipeline']}): {summary['state']}, started {summary['started']}")
     print_stage_table(summary)
+    print_evaluations([row for row in evaluated if row["run_id"] == summary["run_id"]], indent="")
 
 
-def print_run_list(store) -> None:
+def print_evaluations(rows: list[dict], indent: str = "    ") -> None:
+    """The evaluations of a run's checkpoints (by the pipeline's evaluate stages or the evaluation flow)."""
+    if not rows:
+        return
+    print(f"{indent}{'evaluated checkpoint':<44} {'env':<10} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'n':>5}")
+    for row in rows:
+        print(f"{indent}{row['checkpoint']:<44} {row['env']:<10} {row['accuracy']:>9.1%} {row['format_rate']:>7.1%} "
+              f"{row['doom_loop_rate']:>10.1%} {row['n']:>5}")
+
+
+def print_run_list(store, evaluations_of) -> None:
+    """The 20 most recent runs, each with the evaluations of the checkpoints it made;
+    `evaluations_of(pipeline)` gives a pipeline's evaluation rows."""
     summaries = [store.read_json(store.path("runs", name)) for name in store.listdir(store.path("runs"))
                  if name.endswith(".json")]
     if not summaries:
         print(f"no runs in {store.uri}")
         return
+    recent = sorted(summaries, key=lambda s: s["started"], reverse=True)[:20]
+    evaluated = {pipeline: evaluations_of(pipeline) for pipeline in {s["pipeline"] for s in recent}}
     print(f"{'run id':<40} {'state':<10} {'started':<26} stages")
-    for summary in sorted(summaries, key=lambda s: s["started"], reverse=True)[:20]:
+    for summary in recent:
         states = " ".join(f"{s['id']}={s['state']}" for s in summary["stages"])
         print(f"{summary['run_id']:<40} {summary['state']:<10} {summary['started']:<26} {states}")
+        print_evaluations([row for row in evaluated[summary["pipeline"]] if row["run_id"] == summary["run_id"]])

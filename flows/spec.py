@@ -16,12 +16,41 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from artifacts.store import credential_keys
 from envs.loader import EnvConfig, make_env
 from models.config import ModelConfig
-from tasks.config import STAGE_OUTPUT, Defaults, StageConfig
+from tasks.config import STAGE_OUTPUT, Defaults, SampledEval, StageConfig
 
 
 class SpecError(Exception):
     """A user mistake in a spec; str() is the one-line message."""
 
+
+
+class EvaluationConfig(BaseModel):
+    """How every new checkpoint of this pipeline is evaluated (the `evaluate` flow's settings).
+
+    `on_new_checkpoint`: with a Prefect server, the served `evaluate-on-checkpoint` deployment
+    evaluates on the checkpoint event; without one (ephemeral mode) the pipeline flow
+    evaluates each new checkpoint inline, after the stage that made it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_new_checkpoint: bool = False
+    envs: list[str] | None = Field(None, min_length=1)  # env ids of the spec; None: all of them
+    n: int = Field(200, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    sampled: SampledEval | None = None  # also sampled accuracy (a second pass over the tasks)
+    seed: int = 0
+
+
+class WorkersConfig(BaseModel):
+    """Run every stage as a flow run of a deployment, pulled by the workers of its work pool
+    (e.g. GPU pods), instead of in the pipeline flow's own process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>": post-train-stage/gpu-box
+    job_variables: dict[str, str | int | float | bool | list | dict] = {}  # merged under each stage's {"gpus": N}
 
 
 class PipelineSpec(BaseModel):
@@ -34,6 +63,11 @@ class PipelineSpec(BaseModel):
     envs: dict[str, EnvConfig]
     defaults: Defaults = Defaults()
     stages: list[StageConfig] = Field(min_length=1)
+    evaluation: EvaluationConfig = EvaluationConfig()
+    workers: WorkersConfig | None = None
+
+    def evaluation_envs(self) -> list[str]:
+        return self.evaluation.envs or list(self.envs)
 
     def stage(self, stage_id: str):
         return next(s for s in self.stages if s.id == stage_id)
@@ -168,6 +202,9 @@ def _check_graph(spec: PipelineSpec) -> None:
             if produced != wanted:
                 raise SpecError(f"stages[{i}].{field}: stage {target!r} produces a {produced}, "
                                 f"a {wanted} is expected here")
+    for i, env_id in enumerate(spec.evaluation.envs or []):
+        if env_id not in spec.envs:
+            raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
     _check_acyclic(spec, index)
     _check_pairable(spec, index)
     _check_one_sequence_envs(spec)

@@ -69,9 +69,10 @@ def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict) 
     shutil.rmtree(local, ignore_errors=True)
     model.save_pretrained(str(local))
     tokenizer.save_pretrained(str(local))
-    ref = ctx.store.commit(f"{ctx.pipeline}/{ctx.stage_id}.step-{step}", "checkpoint", local, producer=ctx.producer,
+    ref = ctx.store.commit(f"{ctx.output_name}.step-{step}", "checkpoint", local, producer=ctx.producer,
                            inputs=ctx.inputs, metrics={"promoted_at_step": step, **last_metrics})
     shutil.rmtree(local, ignore_errors=True)
+    ctx.announce_checkpoint(str(ref), step)
     return str(ref)
 
 

@@ -47,11 +47,13 @@ def commit_outputs(ctx, outputs: dict, checked: dict, producer: dict) -> dict[st
     refs, inputs = {}, dict(ctx.inputs)
     for key in [*others, primary]:
         output = outputs[key]
-        name = f"{ctx.pipeline}/{ctx.stage_id}" if key == primary else f"{ctx.pipeline}/{ctx.stage_id}.{key}"
+        name = ctx.output_name if key == primary else f"{ctx.output_name}.{key}"
         metrics = {**output.metrics, **({"contract": checked[key]} if key in checked else {})}
         ref = ctx.store.commit(name, output.kind, output.local_dir, producer=producer,
                                inputs=ctx.inputs if key != primary else inputs, metrics=metrics)
         refs[key] = str(ref)
+        if output.kind == "checkpoint":
+            ctx.announce_checkpoint(str(ref))
         if key != primary:
             inputs[f"{ctx.stage_id}.{key}"] = str(ref)
     return {key: refs[key] for key in outputs}
@@ -71,7 +73,9 @@ def execute(request: dict) -> dict:
     ctx = StageContext(store=store, pipeline=request["pipeline"], run_id=request["run_id"], stage_id=stage.id,
                        cache_key=request["cache_key"], model=ModelConfig.model_validate(request["model"]),
                        envs={k: ENV_CONFIG.validate_python(v) for k, v in request["envs"].items()},
-                       inputs=request["inputs"], workdir=workdir, producer=request["producer"])
+                       inputs=request["inputs"], workdir=workdir, producer=request["producer"],
+                       output_name=request.get("output_name", ""),
+                       announce_path=Path(request["announce_path"]) if request.get("announce_path") else None)
     began = time.monotonic()
     try:
         outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)

@@ -20,6 +20,7 @@ from models.loading import load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.config import EvaluateStage
 from tasks.datasets import write_rows
+from tasks.eval_report import write_eval_report
 from tasks.rollouts import LocalPolicy, roll_out
 from tasks.stage import StageContext, StageOutput
 
@@ -92,4 +93,8 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                     f"({time.monotonic() - began:.1f}s)")
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
-    return {"results": StageOutput("dataset", out_dir, metrics, ContractParams(kind="eval"))}
+    report_dir = ctx.workdir / "report"
+    write_eval_report(metrics, {key: ctx.inputs[key] for key in stage.checkpoints}, report_dir,
+                      f"evaluation {ctx.output_name}")
+    return {"results": StageOutput("dataset", out_dir, metrics, ContractParams(kind="eval")),
+            "report": StageOutput("report", report_dir)}

@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -23,9 +25,11 @@ from prefect.states import Completed
 
 from artifacts.refs import hash_value
 from artifacts.store import Store
+from tasks.events import emit_checkpoint_created
 
 _PACKAGES = ("artifacts", "data_contracts", "envs", "models", "tasks")
 ROOT = Path(__file__).resolve().parent.parent
+ANNOUNCE_POLL_SECONDS = 0.5
 
 
 class StageFailed(Exception):
@@ -83,27 +87,53 @@ def cached_result(store: Store, key: str) -> dict | None:
     return entry
 
 
-def run_in_child(request: dict, timeout: float) -> dict:
-    """Run the stage in `python -m tasks.child`; kill it at the timeout."""
+class Announcements:
+    """The checkpoints a running child announced (one JSON line each), read as they come."""
+
+    def __init__(self, path: Path, on_checkpoint: Callable[[str, int | None], None]):
+        self.path, self.on_checkpoint, self.offset, self.refs = path, on_checkpoint, 0, []
+
+    def drain(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as handle:
+            handle.seek(self.offset)
+            for line in iter(handle.readline, ""):
+                if not line.endswith("\n"):
+                    break  # half-written: read it next time
+                self.offset += len(line)
+                entry = json.loads(line)
+                self.refs.append(entry["ref"])
+                self.on_checkpoint(entry["ref"], entry["step"])
+
+
+def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: None) -> dict:
+    """Run the stage in `python -m tasks.child`; kill it at the timeout. `on_checkpoint(ref, step)`
+    is called for every checkpoint the stage commits, while it runs; the result lists them."""
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request))
+        announcements = Announcements(Path(tmp) / "checkpoints.jsonl", on_checkpoint)
+        request_path.write_text(json.dumps({**request, "announce_path": str(announcements.path)}))
         process = subprocess.Popen([sys.executable, "-m", "tasks.child", str(request_path), str(result_path)],
                                    cwd=str(ROOT), env=_child_env())
+        deadline = time.monotonic() + timeout
         try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise StageFailed(f"stage {request['stage']['id']!r} timed out after {timeout:g}s") from None
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise StageFailed(f"stage {request['stage']['id']!r} timed out after {timeout:g}s")
+                announcements.drain()
+                time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
+            announcements.drain()
         if not result_path.exists():
             raise StageFailed(f"stage {request['stage']['id']!r} died (exit code {process.returncode})")
         result = json.loads(result_path.read_text())
     if "error" in result:
         raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
-    return result
+    return {**result, "checkpoints": announcements.refs}
 
 
 def _child_env() -> dict:
@@ -118,7 +148,8 @@ def run_stage(request: dict, timeout_seconds: float):
     hit = cached_result(store, request["cache_key"])
     if hit is not None:
         return Completed(name="Cached", data=hit, message=f"outputs already committed: {hit['outputs']}")
-    result = run_in_child(request, timeout_seconds)
+    result = run_in_child(request, timeout_seconds,
+                          on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step))
     store.write_json(cache_path(store, request["cache_key"]),
                      {"stage": request["stage"]["id"], "run_id": request["run_id"], **result})
     return result

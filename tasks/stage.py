@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,10 +37,21 @@ class StageContext:
     inputs: dict[str, str]  # input stage id -> ref
     workdir: Path  # local scratch folder, removed after the stage
     producer: dict = field(default_factory=dict)  # provenance written into the manifests of what it commits
+    output_name: str = ""  # name of the primary output (`<pipeline>/<stage id>` unless the request says otherwise)
+    announce_path: Path | None = None  # where new checkpoints are announced to the orchestrator, one JSON line each
     started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self):
+        self.output_name = self.output_name or f"{self.pipeline}/{self.stage_id}"
 
     def log(self, message: str) -> None:
         print(f"[{self.stage_id}] {message}", file=sys.stdout, flush=True)
+
+    def announce_checkpoint(self, ref: str, step: int | None = None) -> None:
+        """Tell the orchestrator a checkpoint was committed (it emits the checkpoint event at once)."""
+        if self.announce_path is not None:
+            with open(self.announce_path, "a") as handle:
+                handle.write(json.dumps({"ref": ref, "stage": self.stage_id, "step": step}) + "\n")
 
     def input_ref(self, stage_id: str) -> Ref:
         return Ref.parse(self.inputs[stage_id])

@@ -1,0 +1,132 @@
+"""The evaluation flow: one checkpoint on the envs of the spec it came from.
+
+Run by the `evaluate-on-checkpoint` trigger (the event payload names the ref and the store),
+inline by the pipeline flow in ephemeral mode, or by hand (`posttrain eval REF`). It runs the
+`evaluate` stage kind over that one checkpoint, so its results dataset passes the evaluation
+contract and it is cached like any stage: the same checkpoint with the same settings is
+evaluated once. Outputs: `<checkpoint name>.eval` (results) and `<checkpoint name>.eval.report`
+(markdown + PNG), both with the checkpoint as their input in lineage; then the pipeline's
+leaderboard is published as a Prefect table artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import yaml
+from prefect import flow, get_run_logger
+
+from artifacts.refs import BadRef, Ref
+from artifacts.store import Store, StoreError
+from envs.loader import ENV_CONFIG, ENV_KINDS
+from flows.leaderboard import publish_leaderboard
+from flows.report_artifacts import publish_reports
+from flows.spec import PipelineSpec, SpecError, parse_spec
+from flows.stage_requests import stage_request, stage_task_options
+from tasks.config import EvaluateStage
+from tasks.runner import run_stage
+
+TIMEOUT_GRACE_SECONDS = 60
+
+
+class EvaluationInputError(Exception):
+    """The checkpoint, store or settings of an evaluation are unusable; str() is one line."""
+
+
+@dataclass
+class EvaluationPlan:
+    spec: PipelineSpec
+    stage: EvaluateStage
+    request: dict
+    label: str  # the checkpoint's name within its pipeline: `sft`, `rl.step-50`
+
+
+def checkpoint_label(ref: Ref, pipeline: str) -> str:
+    prefix = f"{pipeline}/"
+    return ref.name[len(prefix):] if ref.name.startswith(prefix) else ref.name.replace("/", "-")
+
+
+def load_checkpoint_spec(store: Store, manifest: dict) -> PipelineSpec:
+    """The spec the checkpoint was made from (kept in the store by every run)."""
+    spec_hash = manifest["producer"].get("spec")
+    if not spec_hash:
+        raise EvaluationInputError(f"ref: {manifest['ref']} records no spec to take its envs from")
+    text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
+    try:
+        return parse_spec(yaml.safe_load(text))
+    except SpecError as exc:
+        raise EvaluationInputError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
+
+
+def with_envs(spec: PipelineSpec, envs: list[str] | None) -> tuple[PipelineSpec, list[str]]:
+    """The env ids to evaluate on: the spec's `evaluation.envs` unless given; a name that is no env
+    id of the spec but an env kind means that kind with its default settings."""
+    if not envs:
+        return spec, spec.evaluation_envs()
+    extra = {}
+    for env in envs:
+        if env in spec.envs:
+            continue
+        if env not in ENV_KINDS:
+            raise EvaluationInputError(f"env: {env!r} is neither an env of spec {spec.name!r} "
+                                       f"({', '.join(spec.envs)}) nor an env kind ({', '.join(ENV_KINDS)})")
+        extra[env] = ENV_CONFIG.validate_python({"kind": env})
+    return spec.model_copy(update={"envs": {**spec.envs, **extra}}), list(envs)
+
+
+def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None = None, n: int | None = None,
+                    max_new_tokens: int | None = None, run_id: str | None = None) -> EvaluationPlan:
+    """Check the inputs and build the evaluate request; EvaluationInputError on bad input."""
+    try:
+        ref = Ref.parse(checkpoint_ref)
+        manifest = store.manifest(ref)
+    except (BadRef, StoreError) as exc:
+        raise EvaluationInputError(f"ref: {exc}") from None
+    if manifest["kind"] != "checkpoint":
+        raise EvaluationInputError(f"ref: {ref} is a {manifest['kind']}, not a checkpoint")
+    try:
+        spec = load_checkpoint_spec(store, manifest)
+    except StoreError as exc:
+        raise EvaluationInputError(f"ref: {exc}") from None
+    spec, env_ids = with_envs(spec, envs)
+    settings = spec.evaluation
+    label = checkpoint_label(ref, spec.name)
+    stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[label], envs=env_ids,
+                          n=n or settings.n, max_new_tokens=max_new_tokens or settings.max_new_tokens,
+                          batch_size=settings.batch_size, sampled=settings.sampled, seed=settings.seed)
+    run_id = run_id or f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    request = stage_request(spec, stage, {label: str(ref)}, store=store, run_id=run_id,
+                            spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")
+    return EvaluationPlan(spec, stage, request, label)
+
+
+@flow(name="evaluate")
+def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None = None,
+             envs: list[str] | None = None, n: int | None = None, max_new_tokens: int | None = None) -> dict:
+    """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics}.
+
+    `storage_options` may come as JSON text (how a trigger's template renders the event's dict).
+    """
+    logger = get_run_logger()
+    if isinstance(storage_options, str):
+        storage_options = json.loads(storage_options or "{}")
+    artifact_store = Store(store, storage_options)
+    plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
+    options = stage_task_options(plan.spec, plan.stage, f"evaluate {plan.label}", TIMEOUT_GRACE_SECONDS)
+    state = run_stage.with_options(**options)(plan.request, plan.spec.resolved(plan.stage).timeout_seconds,
+                                              return_state=True)
+    result = state.result()  # raises the stage's error: the flow run fails with it
+    cached = state.name == "Cached"
+    metrics = result["metrics"][plan.label]
+    logger.info(f"{checkpoint_ref}: {'cached' if cached else 'evaluated'} on {', '.join(metrics)} "
+                f"-> {result['outputs']['results']}")
+    for env_id, values in metrics.items():
+        logger.info(f"  {env_id}: accuracy {values['accuracy']:.1%}, format {values['format_rate']:.1%}, "
+                    f"doom-loop {values['doom_loop_rate']:.1%} (n={values['n']})")
+    publish_reports(artifact_store, plan.spec.name, f"{plan.label}-eval", result["outputs"])
+    publish_leaderboard(artifact_store, plan.spec.name)
+    return {"checkpoint": checkpoint_ref, "state": "cached" if cached else "completed",
+            "results": result["outputs"]["results"], "report": result["outputs"]["report"], "metrics": metrics}

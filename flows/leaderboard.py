@@ -1,0 +1,82 @@
+"""Every evaluated checkpoint of a pipeline side by side, read from the store's evaluation results.
+
+The rows come from the manifests of the committed `evaluate` outputs (the pipeline's own
+evaluate stages and the evaluation flow's `<checkpoint>.eval` datasets), so the leaderboard
+is the same whichever process or machine evaluated what.
+"""
+
+from __future__ import annotations
+
+import re
+
+from artifacts.store import MANIFEST, Store
+
+COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")
+
+
+def evaluation_manifests(store: Store, pipeline: str) -> list[dict]:
+    manifests = []
+    for name in store.listdir(store.path("artifacts", pipeline)):
+        for version in store.listdir(store.path("artifacts", pipeline, name)):
+            path = store.path("artifacts", pipeline, name, version, MANIFEST)
+            if not store.exists(path):
+                continue  # not committed
+            manifest = store.read_json(path)
+            if manifest["kind"] == "dataset" and manifest["producer"].get("stage_kind") == "evaluate":
+                manifests.append(manifest)
+    return manifests
+
+
+def evaluations(store: Store, pipeline: str) -> list[dict]:
+    """One row per (checkpoint ref, env, n): its metrics, the evaluation's ref, and the checkpoint's
+    run and creation time; the newest evaluation wins when settings repeat."""
+    rows: dict[tuple, dict] = {}
+    for manifest in sorted(evaluation_manifests(store, pipeline), key=lambda m: m["created"]):
+        for key, checkpoint in manifest["inputs"].items():
+            by_env = manifest["metrics"].get(key)
+            if not isinstance(by_env, dict):
+                continue  # an input that is not an evaluated checkpoint (the report)
+            for env_id, metrics in by_env.items():
+                rows[(checkpoint, env_id, metrics["n"])] = {"checkpoint": checkpoint, "env": env_id, **metrics,
+                                                            "evaluation": manifest["ref"]}
+    checkpoints = {row["checkpoint"]: store.manifest(row["checkpoint"]) for row in rows.values()}
+    for row in rows.values():
+        producer = checkpoints[row["checkpoint"]]["producer"]
+        row.update(run_id=producer.get("run_id"), created=checkpoints[row["checkpoint"]]["created"])
+    return sorted(rows.values(), key=lambda row: (row["created"], row["checkpoint"], row["env"]))
+
+
+def leaderboard_table(rows: list[dict]) -> list[dict]:
+    """One row per checkpoint, a column per (env, metric): the checkpoints side by side."""
+    table: dict[str, dict] = {}
+    for row in rows:
+        entry = table.setdefault(row["checkpoint"], {"checkpoint": row["checkpoint"], "run": row["run_id"]})
+        for column in COLUMNS:
+            entry[f"{row['env']} {column}"] = row.get(column)
+    return list(table.values())
+
+
+def leaderboard_key(pipeline: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-leaderboard".lower()).strip("-")
+
+
+def publish_leaderboard(store: Store, pipeline: str, attempts: int = 3) -> str | None:
+    """Publish the pipeline's leaderboard as a Prefect table artifact (inside a flow or task run).
+
+    Evaluations finishing at the same time could publish out of order, the latest artifact
+    missing a row; each publisher reads the store again after publishing and republishes if it
+    changed, so the last one published holds every evaluation committed before it.
+    """
+    from prefect.artifacts import create_table_artifact
+
+    key, table = leaderboard_key(pipeline), leaderboard_table(evaluations(store, pipeline))
+    for _ in range(attempts):
+        if not table:
+            return None
+        create_table_artifact(table=table, key=key,
+                              description=f"every evaluated checkpoint of pipeline {pipeline} ({store.uri})")
+        latest = leaderboard_table(evaluations(store, pipeline))
+        if latest == table:
+            break
+        table = latest
+    return key

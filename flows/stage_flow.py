@@ -1,0 +1,33 @@
+"""One stage as its own flow run, for a work pool's workers to pull (spec `workers.deployment`).
+
+The pipeline flow submits each stage to the `post-train-stage` deployment with the stage's
+`gpus` as a job variable (a Kubernetes pod then requests that many `nvidia.com/gpu`); the
+worker's flow run runs the same `run_stage` task, with the stage's retries and timeout, and
+commits to the same store. The pipeline reads the stage's result back from the store's stage
+cache index, never from Prefect's result storage.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.runner import run_stage
+
+TIMEOUT_GRACE_SECONDS = 60
+
+
+@flow(name="post-train-stage")
+def stage_flow(request: dict, timeout_seconds: float, task_options: dict) -> dict:
+    state = run_stage.with_options(**task_options)(request, timeout_seconds, return_state=True)
+    result = state.result()
+    return {"cached": state.name == "Cached", "outputs": result["outputs"]}
+
+
+def submit_stage(deployment: str, request: dict, timeout_seconds: float, task_options: dict,
+                 job_variables: dict, flow_run_name: str):
+    """Run the stage on a worker of `deployment`'s pool and wait; returns the finished flow run."""
+    from prefect.deployments import run_deployment
+
+    return run_deployment(deployment, parameters={"request": request, "timeout_seconds": timeout_seconds,
+                                                  "task_options": task_options},
+                          job_variables=job_variables, flow_run_name=flow_run_name, poll_interval=2)

@@ -1,0 +1,46 @@
+"""What the orchestrator hands a stage: its request (config, inputs, cache key, provenance) and tags."""
+
+from __future__ import annotations
+
+from artifacts.refs import hash_value
+from artifacts.store import Store
+from flows.spec import PipelineSpec
+from models.loading import base_identity
+from tasks.runner import code_version, stage_cache_key, task_folder_digest
+
+
+def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: Store, run_id: str,
+                  spec_hash: str, output_name: str | None = None) -> dict:
+    """The request `tasks.runner.run_stage` runs; `output_name` renames its primary output
+    (default `<pipeline>/<stage id>`)."""
+    env_ids = [env_id for _, env_id in stage.env_refs()]
+    envs = {env_id: spec.envs[env_id].model_dump() for env_id in env_ids}
+    model = spec.model.model_dump()
+    context = {"model": model, "base": base_identity(spec.model.base), "envs": envs,
+               "env_data": {env_id: task_folder_digest(spec.envs[env_id]) for env_id in env_ids}}
+    key = stage_cache_key(stage.kind, stage.params(), inputs, context)
+    producer = {"pipeline": spec.name, "run_id": run_id, "stage_id": stage.id, "stage_kind": stage.kind,
+                "config_hash": hash_value(stage.params())[:16], "code_version": code_version(),
+                "cache_key": key, "spec": spec_hash}
+    if stage.reads_base_model():
+        producer["base_model"] = context["base"]
+    request = {"stage": stage.model_dump(), "pipeline": spec.name, "run_id": run_id, "cache_key": key,
+               "model": model, "envs": envs, "inputs": inputs, "store": store.uri,
+               "storage_options": spec.storage_options, "producer": producer, "gpus": spec.resolved(stage).gpus,
+               "evaluate_new_checkpoints": spec.evaluation.on_new_checkpoint}
+    if output_name is not None:
+        request["output_name"] = output_name
+    return request
+
+
+def stage_tags(spec: PipelineSpec, stage) -> list[str]:
+    gpus = spec.resolved(stage).gpus
+    return ["posttrain", f"pipeline:{spec.name}", f"kind:{stage.kind}", "gpu" if gpus else "cpu"]
+
+
+def stage_task_options(spec: PipelineSpec, stage, task_run_name: str, grace_seconds: float) -> dict:
+    """`run_stage.with_options(...)` for this stage: its retries, delay, timeout (+ grace) and tags."""
+    resolved = spec.resolved(stage)
+    return {"name": stage.kind, "task_run_name": task_run_name, "retries": resolved.retries,
+            "retry_delay_seconds": resolved.retry_delay_seconds,
+            "timeout_seconds": resolved.timeout_seconds + grace_seconds, "tags": stage_tags(spec, stage)}

@@ -1,0 +1,71 @@
+"""An evaluation's report: a markdown table of every checkpoint × env and a PNG of its rates.
+
+The folder this writes (report.md, evaluation.png, metrics.json) is the `report` output of an
+evaluation; the flows publish report.md as a Prefect artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+RATES = ("accuracy", "format_rate", "doom_loop_rate")  # plotted: all in [0, 1]
+TABLE_COLUMNS = ("accuracy", "sampled_accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens",
+                 "mean_turns", "n")
+
+
+def write_eval_report(metrics: dict[str, dict[str, dict]], checkpoints: dict[str, str], out_dir: Path,
+                      title: str) -> None:
+    """`metrics` is {checkpoint key: {env id: metrics}}; `checkpoints` maps each key to its ref."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {"checkpoints": checkpoints, "metrics": _finite(metrics)}  # NaN is not JSON: null
+    (out_dir / "metrics.json").write_text(json.dumps(document, indent=2, sort_keys=True, allow_nan=False))
+    plot_rates(metrics, out_dir / "evaluation.png", title)
+    (out_dir / "report.md").write_text(report_markdown(metrics, checkpoints, title))
+
+
+def report_markdown(metrics: dict, checkpoints: dict[str, str], title: str) -> str:
+    lines = [f"# {title}", "", "| checkpoint | env | " + " | ".join(TABLE_COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(TABLE_COLUMNS)]
+    for key, by_env in metrics.items():
+        for env_id, values in by_env.items():
+            cells = [_cell(values.get(column)) for column in TABLE_COLUMNS]
+            lines.append(f"| `{checkpoints[key]}` | {env_id} | " + " | ".join(cells) + " |")
+    lines += ["", "![rates](evaluation.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_rates(metrics: dict, path: Path, title: str) -> None:
+    """One subplot per rate; a bar per (checkpoint, env)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = [f"{key}\n{env_id}" for key, by_env in metrics.items() for env_id in by_env]
+    figure = Figure(figsize=(max(4.0, 1.1 * len(labels)) * len(RATES) / 2, 3.2), dpi=100)
+    FigureCanvasAgg(figure)
+    figure.suptitle(title, fontsize=10)
+    for ax, rate in zip(figure.subplots(1, len(RATES), squeeze=False).ravel(), RATES):
+        values = [by_env[env_id].get(rate, math.nan) for by_env in metrics.values() for env_id in by_env]
+        ax.bar(range(len(values)), [0 if math.isnan(v) else v for v in values])
+        ax.set_xticks(range(len(values)), labels, fontsize=6)
+        ax.set_ylim(0, 1)
+        ax.set_title(rate, fontsize=9)
+        ax.tick_params(labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.3f}"
+    return str(value)
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -1,0 +1,92 @@
+"""A real `prefect server start` on 127.0.0.1 (free port, its own PREFECT_HOME) for tests of
+triggers, served deployments and workers, and small REST helpers against it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from conftest import free_port
+
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+@contextmanager
+def prefect_server(home: Path):
+    """Yields the env vars that point a client at the server (PREFECT_API_URL, PREFECT_HOME)."""
+    port = free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_until(lambda: _healthy(api), 180, lambda: f"server not up: {(home / 'server.log').read_text()[-2000:]}")
+        # runners and workers poll fast so a test does not wait on their default 10-15 s intervals
+        yield {"PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+               "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(condition, timeout: float, message, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, message() if callable(message) else message
+        time.sleep(interval)
+
+
+def flow_runs(api: str, flow_name: str) -> list[dict]:
+    body = {"flows": {"name": {"any_": [flow_name]}}, "limit": 200}
+    return httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json()
+
+
+def deployment(api: str, flow_name: str, name: str) -> dict | None:
+    response = httpx.get(f"{api}/deployments/name/{flow_name}/{name}", timeout=10)
+    return response.json() if response.status_code == 200 else None
+
+
+def automations(api: str) -> list[dict]:
+    return httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
+
+
+def latest_artifact(api: str, key: str) -> dict | None:
+    response = httpx.get(f"{api}/artifacts/{key}/latest", timeout=10)
+    return response.json() if response.status_code == 200 else None
+
+
+def stop(process: subprocess.Popen) -> str:
+    """SIGTERM a started CLI (its process group); returns what it printed."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.stdout.read() if process.stdout else ""

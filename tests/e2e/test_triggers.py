@@ -1,0 +1,134 @@
+"""Checkpoint events → evaluation flows, against a real `prefect server start` on 127.0.0.1.
+
+1. `posttrain serve` serves the evaluate-on-checkpoint trigger; a pipeline run with
+   `evaluation.on_new_checkpoint` makes three checkpoints (two promoted in-stage, one final):
+   exactly one evaluation flow run completes per checkpoint, each with its results in the
+   store, and the leaderboard artifact lists all three.
+2. deployments/prefect.yaml deployed with `prefect deploy` onto a process pool; a real
+   `prefect worker` runs the pipeline's stages (spec `workers.deployment`) and the triggered
+   evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import POSTTRAIN, ROOT
+from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+from e2e.prefect_server import (PREFECT, automations, deployment, flow_runs, latest_artifact, prefect_server,
+                                stop, wait_until)
+
+EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
+
+
+def start_logged(args: list, env: dict, log: Path) -> subprocess.Popen:
+    handle = open(log, "w")
+    return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **env},
+                            start_new_session=True)
+
+
+def completed(api: str, flow_name: str) -> list[dict]:
+    return [run for run in flow_runs(api, flow_name) if run["state_type"] == "COMPLETED"]
+
+
+def eval_results(store: Path, checkpoint: str) -> list[str]:
+    """Committed `<checkpoint name>.eval` versions whose input is this checkpoint."""
+    from artifacts.store import Store
+
+    artifact_store = Store(f"file://{store}")
+    name = checkpoint.split("@")[0] + ".eval"
+    refs = []
+    for version in artifact_store.listdir(artifact_store.path("artifacts", name)):
+        ref = f"{name}@{version}"
+        if artifact_store.is_committed(ref) and checkpoint in artifact_store.manifest(ref)["inputs"].values():
+            refs.append(ref)
+    return refs
+
+
+@pytest.mark.timeout(900)
+def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 10, "checkpoint_every": 4}, evaluation=EVALUATION)
+    spec["stages"] = spec["stages"][:2]  # warmup, sft: checkpoints sft.step-4, sft.step-8 and sft
+    path = write(tmp_path, spec)
+    with prefect_server(tmp_path / "prefect") as server:
+        api = server["PREFECT_API_URL"]
+        serve = start_logged([POSTTRAIN, "serve"], server, tmp_path / "serve.log")
+        try:
+            wait_until(lambda: deployment(api, "evaluate", "evaluate-on-checkpoint") and automations(api), 180,
+                       lambda: f"not served: {(tmp_path / 'serve.log').read_text()[-3000:]}")
+            run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            assert "checkpoint events go to" in run.stdout
+            sft = by_id(summary(tmp_path / "run.json"))["sft"]
+            checkpoints = {sft["outputs"]["checkpoint"], *sft["metrics"]["promoted_checkpoints"]}
+            assert len(checkpoints) == 3
+            wait_until(lambda: len(completed(api, "evaluate")) >= 3, 600,
+                       lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
+                               f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+        finally:
+            log = stop(serve)
+        runs = flow_runs(api, "evaluate")
+        assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), log
+        assert all(r["state_type"] == "COMPLETED" for r in runs)
+        assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
+        for checkpoint in checkpoints:
+            assert len(eval_results(store, checkpoint)) == 1
+        board = latest_artifact(api, "tiny-leaderboard")
+        assert board is not None and board["type"] == "table"
+        rows = board["data"] if isinstance(board["data"], list) else __import__("json").loads(board["data"])
+        assert {row["checkpoint"] for row in rows} == checkpoints
+        assert all("arith accuracy" in row for row in rows)
+
+
+@pytest.mark.timeout(900)
+def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_worker(tmp_path):
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100}, evaluation=EVALUATION,
+                     workers={"deployment": "post-train-stage/post-train-stage"})
+    spec["stages"] = spec["stages"][:2]
+    path = write(tmp_path, spec)
+    with prefect_server(tmp_path / "prefect") as server:
+        api = server["PREFECT_API_URL"]
+        env = {**os.environ, **server}
+        subprocess.run([PREFECT, "work-pool", "create", "gpu-box", "--type", "process"], env=env, check=True,
+                       capture_output=True, timeout=120)
+        deployed = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
+                                   "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=300)
+        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        for flow_name, name in (("post-train", "post-train"), ("post-train-stage", "post-train-stage"),
+                                ("evaluate", "evaluate-on-checkpoint")):
+            assert deployment(api, flow_name, name)["work_pool_name"] == "gpu-box"
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "1"], server,
+                              tmp_path / "worker.log")
+        try:
+            run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + \
+                (tmp_path / "worker.log").read_text()[-3000:]
+            checkpoint = by_id(summary(tmp_path / "run.json"))["sft"]["outputs"]["checkpoint"]
+            wait_until(lambda: completed(api, "evaluate"), 600,
+                       lambda: f"no evaluation: {(tmp_path / 'worker.log').read_text()[-4000:]}", interval=3)
+        finally:
+            stop(worker)
+        stages = completed(api, "post-train-stage")
+        assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
+        assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
+        [evaluation] = flow_runs(api, "evaluate")
+        assert evaluation["parameters"]["checkpoint_ref"] == checkpoint
+        assert len(eval_results(store, checkpoint)) == 1
+        # a rerun through the worker finds both stages in the store: nothing new, so no new evaluation
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "1"], server,
+                              tmp_path / "worker2.log")
+        try:
+            again = posttrain("run", path, "--summary-json", tmp_path / "again.json", env=server)
+        finally:
+            stop(worker)
+        assert again.returncode == 0, again.stdout[-3000:] + (tmp_path / "worker2.log").read_text()[-3000:]
+        assert {s["id"]: s["state"] for s in summary(tmp_path / "again.json")["stages"]} == \
+            {"warmup": "cached", "sft": "cached"}
+        assert len(flow_runs(api, "post-train-stage")) == 4 and len(flow_runs(api, "evaluate")) == 1
