@@ -12,6 +12,7 @@ from prefect.states import Failed
 
 from artifacts.refs import hash_value
 from artifacts.store import AlreadyExists, Store, now_iso
+from flows.deploy import stage_job_variables
 from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
@@ -113,8 +114,9 @@ def run_one_stage(pipeline: PipelineSpec, stage, request: dict, run_id: str) -> 
             return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": _state_error(state)}
         result, cached = state.result(), state.name == "Cached"
     else:
-        flow_run = submit_stage(pipeline.workers.deployment, request, timeout, options,
-                                {**pipeline.workers.job_variables, "gpus": request["gpus"]}, f"{run_id}-{stage.id}")
+        job_variables = {**pipeline.workers.job_variables, **stage_job_variables(pipeline, stage)}
+        flow_run = submit_stage(pipeline.workers.deployment, request, timeout, options, job_variables,
+                                f"{run_id}-{stage.id}")
         result = cached_result(Store(request["store"], request["storage_options"]), request["cache_key"])
         if not flow_run.state.is_completed() or result is None:
             error = flow_run.state.message or flow_run.state.name

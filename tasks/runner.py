@@ -6,6 +6,7 @@ retries, retry delay, timeout and tags); the per-kind logic lives in the stage m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import json
@@ -30,6 +31,7 @@ from tasks.events import emit_checkpoint_created
 _PACKAGES = ("artifacts", "data_contracts", "envs", "models", "tasks")
 ROOT = Path(__file__).resolve().parent.parent
 ANNOUNCE_POLL_SECONDS = 0.5
+GPU_LIMIT = "gpu"  # the global concurrency limit capping GPU slots (`prefect gcl create gpu --limit N`)
 
 
 class StageFailed(Exception):
@@ -142,14 +144,26 @@ def _child_env() -> dict:
     return env
 
 
+def gpu_slots(gpus: int):
+    """Hold `gpus` slots of the global concurrency limit `gpu` while the stage runs, so stages wait
+    for free GPUs instead of oversubscribing them. Without such a limit (a CPU machine, a server
+    nobody set up) this holds nothing: the limit is the operator's choice (README, GPU cluster)."""
+    if gpus == 0:
+        return contextlib.nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(GPU_LIMIT, occupy=gpus, strict=False)
+
+
 @task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)
 def run_stage(request: dict, timeout_seconds: float):
     store = Store(request["store"], request["storage_options"])
     hit = cached_result(store, request["cache_key"])
     if hit is not None:
         return Completed(name="Cached", data=hit, message=f"outputs already committed: {hit['outputs']}")
-    result = run_in_child(request, timeout_seconds,
-                          on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step))
+    with gpu_slots(request["gpus"]):
+        result = run_in_child(request, timeout_seconds,
+                              on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step))
     store.write_json(cache_path(store, request["cache_key"]),
                      {"stage": request["stage"]["id"], "run_id": request["run_id"], **result})
     return result

@@ -135,6 +135,14 @@ CASES = {
     "rl clip range inverted": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"epsilon_low": 0.3, "epsilon_high": 0.2}]},
         "stages[3]: Value error, epsilon_high (0.2) must be at least epsilon_low (0.3)"),
+    "evaluation unknown env": (
+        {**GOOD, "evaluation": {"on_new_checkpoint": True, "envs": ["arith", "chess"]}},
+        "evaluation.envs[1]: unknown env 'chess' (known: arith)"),
+    "evaluation unknown key": ({**GOOD, "evaluation": {"on_new_checkpoints": True}},
+                               "evaluation.on_new_checkpoints: unknown key"),
+    "workers deployment not flow/name": (
+        {**GOOD, "workers": {"deployment": "post-train-stage"}},
+        "workers.deployment: String should match pattern"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }
@@ -168,6 +176,14 @@ def test_unreachable_store_is_refused_before_anything_runs(tmp_path, capsys, s3_
     spec = {**GOOD, "store": "s3://no-such-bucket/p", "storage_options": {"endpoint_url": s3_endpoint}}
     code, err = run_cli(capsys, "run", write_spec(tmp_path, spec))
     assert code == 2 and err == "error: store: bucket 'no-such-bucket' does not exist"
+
+
+def test_workers_need_a_prefect_server(tmp_path, capsys):
+    path = write_spec(tmp_path, {**GOOD, "workers": {"deployment": "post-train-stage/gpu-box"}})
+    code, err = run_cli(capsys, "run", path)
+    assert code == 2 and err == ("error: workers.deployment: stages go to 'post-train-stage/gpu-box' on a Prefect "
+                                 "server, but PREFECT_API_URL is not set")
+    assert not (tmp_path / "store").exists()
 
 
 def test_real_process_prints_no_traceback(tmp_path):

@@ -71,6 +71,11 @@ def deployment(api: str, flow_name: str, name: str) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
+def events(api: str, name: str) -> list[dict]:
+    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": "2000-01-01T00:00:00Z"}}, "limit": 50}
+    return httpx.post(f"{api}/events/filter", json=body, timeout=10).json()["events"]
+
+
 def automations(api: str) -> list[dict]:
     return httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
 

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import POSTTRAIN, ROOT
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
-from e2e.prefect_server import (PREFECT, automations, deployment, flow_runs, latest_artifact, prefect_server,
+from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
                                 stop, wait_until)
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
@@ -72,6 +72,12 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
                                f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
         finally:
             log = stop(serve)
+        created = events(api, "posttrain.checkpoint.created")
+        assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
+            sorted(f"posttrain.checkpoint.{ref}" for ref in checkpoints)
+        assert {(e["payload"]["store"], e["payload"]["pipeline"], e["payload"]["stage"]) for e in created} == \
+            {(f"file://{store}", "tiny", "sft")}
+        assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 4, 8]
         runs = flow_runs(api, "evaluate")
         assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), log
         assert all(r["state_type"] == "COMPLETED" for r in runs)
@@ -88,15 +94,15 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
 @pytest.mark.timeout(900)
 def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_worker(tmp_path):
     store = tmp_path / "store"
-    spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100}, evaluation=EVALUATION,
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100, "gpus": 1}, evaluation=EVALUATION,
                      workers={"deployment": "post-train-stage/post-train-stage"})
     spec["stages"] = spec["stages"][:2]
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as server:
         api = server["PREFECT_API_URL"]
         env = {**os.environ, **server}
-        subprocess.run([PREFECT, "work-pool", "create", "gpu-box", "--type", "process"], env=env, check=True,
-                       capture_output=True, timeout=120)
+        for command in (["work-pool", "create", "gpu-box", "--type", "process"], ["gcl", "create", "gpu", "--limit", "1"]):
+            subprocess.run([PREFECT, *command], env=env, check=True, capture_output=True, timeout=120)
         deployed = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
                                    "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True, text=True,
                                   timeout=300)
@@ -118,6 +124,9 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         stages = completed(api, "post-train-stage")
         assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
+        # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
+        assert [e["resource"]["prefect.resource.name"] for e in events(api, "prefect.concurrency-limit.acquired")] \
+            == ["gpu"]
         [evaluation] = flow_runs(api, "evaluate")
         assert evaluation["parameters"]["checkpoint_ref"] == checkpoint
         assert len(eval_results(store, checkpoint)) == 1

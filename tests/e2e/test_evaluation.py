@@ -1,0 +1,111 @@
+"""The evaluation flow in ephemeral mode (no Prefect server): inline after each new checkpoint,
+by hand with `posttrain eval` (cached when repeated), in `posttrain status`, and its bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from artifacts.store import Store
+from conftest import free_port
+from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+
+EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("evaluation")
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 6, "checkpoint_every": 3}, evaluation=EVALUATION)
+    spec["stages"] = spec["stages"][:2]
+    run = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return store, run, summary(tmp_path / "run.json")
+
+
+def files(store: Path) -> list[str]:
+    return sorted(str(p.relative_to(store)) for p in store.rglob("*"))
+
+
+def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluated_run):
+    store, run, run_summary = evaluated_run
+    assert "ephemeral mode): each new checkpoint is evaluated inline" in run.stdout
+    sft = by_id(run_summary)["sft"]
+    checkpoints = [*sft["metrics"]["promoted_checkpoints"], sft["outputs"]["checkpoint"]]
+    assert [e["checkpoint"] for e in run_summary["evaluations"]] == checkpoints  # step-3, then the final one
+    artifact_store = Store(f"file://{store}")
+    for evaluation in run_summary["evaluations"]:
+        assert evaluation["state"] == "completed" and set(evaluation["metrics"]) == {"arith"}
+        assert evaluation["metrics"]["arith"]["n"] == 8
+        results = artifact_store.manifest(evaluation["results"])
+        assert results["name"] == evaluation["checkpoint"].split("@")[0] + ".eval"
+        assert evaluation["checkpoint"] in results["inputs"].values()  # lineage: results <- checkpoint
+        assert results["metrics"]["contract"]["success"]  # through the evaluation contract
+        report = artifact_store.manifest(evaluation["report"])
+        assert {f["path"] for f in report["files"]} == {"report.md", "evaluation.png", "metrics.json"}
+        assert evaluation["checkpoint"] in report["inputs"].values()
+    assert "evaluated inline" in run.stdout
+
+
+def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evaluated_run):
+    store, _, run_summary = evaluated_run
+    checkpoint = by_id(run_summary)["sft"]["outputs"]["checkpoint"]
+    inline = run_summary["evaluations"][-1]
+    again = posttrain("eval", checkpoint, "--store", f"file://{store}")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"{checkpoint}: cached  results {inline['results']}" in again.stdout
+    other = posttrain("eval", checkpoint, "--n", "4", "--env", "calc", "--store", f"file://{store}")
+    assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
+    assert f"{checkpoint}: completed" in other.stdout and "calc" in other.stdout
+    status = posttrain("status", "--store", f"file://{store}")
+    assert status.returncode == 0
+    lines = status.stdout.splitlines()
+    assert run_summary["run_id"] in lines[1]
+    listed = [line.split() for line in lines[2:] if "@" in line]
+    assert {(row[0], row[1]) for row in listed} >= {(inline["checkpoint"], "arith"), (checkpoint, "calc")}
+
+
+def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
+    store, _, run_summary = evaluated_run
+    checkpoint = by_id(run_summary)["sft"]["outputs"]["checkpoint"]
+    dataset = by_id(run_summary)["warmup"]["outputs"]["dataset"]
+    missing = checkpoint[:-1] + ("0" if checkpoint[-1] != "0" else "1")
+    down = f"http://127.0.0.1:{free_port()}/api"
+    unwritable = tmp_path / "file"
+    unwritable.write_text("not a folder")
+    before = files(store)
+    cases = [
+        (["eval", missing], {}, f"error: ref: no committed artifact {missing} in file://{store}"),
+        (["eval", dataset], {}, f"error: ref: {dataset} is a dataset, not a checkpoint"),
+        (["eval", "sft"], {}, "error: ref: not an artifact ref (expected name@version, 16 hex digits): 'sft'"),
+        (["eval", checkpoint, "--env", "chess"], {}, "error: env: 'chess' is neither an env of spec 'tiny'"),
+        (["eval", checkpoint, "--store", f"file://{unwritable}/store"], {}, "error: store: "),
+        (["eval", checkpoint], {"PREFECT_API_URL": down},
+         f"error: PREFECT_API_URL {down}: the Prefect server does not answer"),
+        (["serve"], {"PREFECT_API_URL": down}, f"error: PREFECT_API_URL {down}: the Prefect server does not answer"),
+        (["serve"], {}, "error: PREFECT_API_URL: `posttrain serve` needs a Prefect server"),
+        (["serve-model", missing], {}, "error: ref: no committed artifact"),
+    ]
+    for args, env, message in cases:
+        if "--store" not in args:
+            args = [*args, "--store", f"file://{store}"]
+        result = posttrain(*args, env=env, timeout=120)
+        assert result.returncode == 2, (args, result.stdout[-1000:], result.stderr[-1000:])
+        assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, \
+            (args, result.stderr)
+    assert files(store) == before
+    assert not (unwritable.parent / "store").exists()
+
+
+def test_run_with_an_unreachable_prefect_server_is_refused(tmp_path):
+    down = f"http://127.0.0.1:{free_port()}/api"
+    path = write(tmp_path, tiny_spec(f"file://{tmp_path / 'store'}"))
+    result = posttrain("run", path, env={"PREFECT_API_URL": down}, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: PREFECT_API_URL {down}: the Prefect server does not answer " \
+                                    "([Errno 111] Connection refused)"
+    assert not any((tmp_path / "store" / sub).exists() for sub in ("runs", "artifacts"))
