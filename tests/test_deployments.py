@@ -203,3 +203,25 @@ def test_deploy_module_imports_light():
             "print(sorted(heavy & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["prefect.yaml", "prefect-k8s.yaml"])
+def test_prefect_yaml_declares_the_three_deployments_and_the_served_trigger(name):
+    """Both files register post-train, post-train-stage and evaluate-on-checkpoint, and their
+    trigger is the one `posttrain serve` serves (flows/triggers.py), as Prefect parses it."""
+    import yaml
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+    from flows.triggers import checkpoint_trigger
+
+    document = yaml.safe_load((ROOT / "deployments" / name).read_text())
+    by_name = {d["name"]: d for d in document["deployments"]}
+    assert {n: d["entrypoint"] for n, d in by_name.items()} == {
+        "post-train": "flows/post_train.py:post_train", "post-train-stage": "flows/stage_flow.py:stage_flow",
+        "evaluate-on-checkpoint": "flows/evaluate.py:evaluate"}
+    [trigger] = by_name["evaluate-on-checkpoint"]["triggers"]
+    declared, served = DeploymentEventTrigger.model_validate(trigger), checkpoint_trigger()
+    for field in ("match", "expect", "parameters", "posture", "threshold"):
+        assert getattr(declared, field) == getattr(served, field), field
+    assert by_name["post-train"]["schedules"][0]["cron"] == "0 2 * * *"
+    assert len({d["work_pool"]["name"] for d in document["deployments"]}) == 1
