@@ -1,0 +1,40 @@
+"""Checkpoint events as the runner builds them, and the announcements a stage's child writes."""
+
+from pathlib import Path
+
+from tasks.events import checkpoint_event
+from tasks.runner import Announcements
+
+REQUEST = {"stage": {"id": "rl"}, "pipeline": "agentic", "store": "s3://bucket/runs",
+           "storage_options": {"endpoint_url": "http://127.0.0.1:9000"}, "run_id": "agentic-1",
+           "producer": {"spec": "0123abcd0123abcd"}, "evaluate_new_checkpoints": True}
+
+
+def test_checkpoint_event_names_the_checkpoint_and_carries_what_an_evaluation_needs():
+    event = checkpoint_event("agentic/rl.step-50@00112233aabbccdd", REQUEST, 50)
+    assert event["event"] == "posttrain.checkpoint.created"
+    assert event["resource"] == {
+        "prefect.resource.id": "posttrain.checkpoint.agentic/rl.step-50@00112233aabbccdd",
+        "prefect.resource.name": "agentic/rl.step-50@00112233aabbccdd", "posttrain.pipeline": "agentic",
+        "posttrain.stage": "rl", "posttrain.evaluate": "true"}
+    assert event["payload"] == {"ref": "agentic/rl.step-50@00112233aabbccdd", "store": "s3://bucket/runs",
+                                "storage_options": {"endpoint_url": "http://127.0.0.1:9000"},
+                                "pipeline": "agentic", "stage": "rl", "step": 50, "run_id": "agentic-1",
+                                "spec": "0123abcd0123abcd"}
+    quiet = checkpoint_event("agentic/rl@00112233aabbccdd", {**REQUEST, "evaluate_new_checkpoints": False}, None)
+    assert quiet["resource"]["posttrain.evaluate"] == "false"  # the trigger does not match it
+
+
+def test_announcements_are_read_as_they_come_and_a_half_written_line_waits(tmp_path: Path):
+    seen = []
+    announcements = Announcements(tmp_path / "checkpoints.jsonl", lambda ref, step: seen.append((ref, step)))
+    announcements.drain()  # no file yet
+    with open(announcements.path, "a") as handle:
+        handle.write('{"ref": "p/s.step-2@aa", "stage": "s", "step": 2}\n{"ref": "p/s@b')
+    announcements.drain()
+    assert seen == [("p/s.step-2@aa", 2)]
+    with open(announcements.path, "a") as handle:
+        handle.write('b", "stage": "s", "step": null}\n')
+    announcements.drain()
+    announcements.drain()
+    assert seen == [("p/s.step-2@aa", 2), ("p/s@bb", None)] and announcements.refs == ["p/s.step-2@aa", "p/s@bb"]
