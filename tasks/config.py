@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from data_contracts.config import ContractConfig
 
@@ -52,14 +53,41 @@ class StageBase(BaseModel):
         return self.model_dump(exclude={"id", "retries", "retry_delay_seconds", "timeout_seconds", "gpus"})
 
 
+class EndpointTeacher(BaseModel):
+    """A teacher model behind an OpenAI-compatible endpoint (`posttrain serve-model`, vLLM, an API)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(pattern=r"^https?://\S+$")  # base URL, ending in /v1
+    model: str  # the name the endpoint serves it under
+    max_tokens: int = Field(256, gt=0)  # per action (per turn of a multi-turn env)
+    temperature: float = Field(0, ge=0)  # 0: greedy
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+
+    def describe(self) -> str:
+        return f"{self.model} at {self.endpoint}"
+
+
 class SynthesizeStage(StageBase):
     """Teacher traces for SFT from an environment's train split."""
 
     kind: Literal["synthesize"]
     env: str
     n: int = Field(gt=0)
-    teacher: Literal["oracle"] = "oracle"
+    teacher: Literal["oracle"] | EndpointTeacher = "oracle"  # the env's programmatic oracle, or a model
     seed: int = 0
+
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _oracle_or_endpoint(cls, value):
+        """A mapping is an endpoint teacher: its own errors name its fields (`teacher.model: missing`)
+        instead of listing why it is not 'oracle' either."""
+        if isinstance(value, dict):
+            return EndpointTeacher.model_validate(value)
+        if value != "oracle" and not isinstance(value, EndpointTeacher):
+            raise PydanticCustomError("teacher", "expected 'oracle' or an endpoint teacher (a mapping with "
+                                                 "endpoint and model)")
+        return value
 
     def env_refs(self):
         return [("env", self.env)]

@@ -6,6 +6,8 @@ that episode's context. Earlier turns are never re-tokenized, so the ids the mod
 on are exactly the ids it sampled. A single-turn env is the one-turn case of the same loop.
 An env may restart an episode's context (Turn.restart, CoD's next task of a pack): the next
 turn's context is then that fresh chat prompt, and the transcript shows a separator and the prompt.
+Each context also keeps the prompt text it started from, so that a policy behind an OpenAI-compatible
+endpoint (tasks/endpoint_policy.py) can send it as chat messages.
 """
 
 from __future__ import annotations
@@ -59,6 +61,25 @@ class Trajectory:
         return ids, mask
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a policy continues: the ids so far, and the chat prompt they began from (its text and its
+    length in ids). A local model reads the ids; an endpoint speaks chat messages, so it sends the
+    prompt as the user's message and what follows it as the assistant message to continue."""
+
+    ids: list[int]
+    prompt: str  # the user prompt the context started from: the task's, or the env's restart text
+    prompt_len: int  # ids of the chat-formatted prompt at the start of `ids`
+
+    @classmethod
+    def start(cls, tokenizer, prompt: str) -> "Context":
+        ids = chat_prompt(tokenizer, prompt)
+        return cls(ids, prompt, len(ids))
+
+    def extended(self, more_ids: list[int]) -> "Context":
+        return Context(self.ids + more_ids, self.prompt, self.prompt_len)
+
+
 @dataclass
 class LocalPolicy:
     """The policy as a local transformers model, decoded by the generation engine."""
@@ -67,10 +88,10 @@ class LocalPolicy:
     tokenizer: object
     batch_size: int = 64
 
-    def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
+    def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
-        return generate_tokens(self.model, self.tokenizer, contexts, params, batch_size=self.batch_size,
-                               seed=seed + turn * TURN_SEED_STRIDE)
+        return generate_tokens(self.model, self.tokenizer, [c.ids for c in contexts], params,
+                               batch_size=self.batch_size, seed=seed + turn * TURN_SEED_STRIDE)
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`)."""
@@ -88,7 +109,7 @@ class ScriptedPolicy:
     scripts: list[list[str]]  # per episode, its actions in order
     respond: Callable[[str], str] = lambda prompt: ""  # its answer to an episode's own model call
 
-    def act(self, episodes: list[int], contexts: list[list[int]], turn: int, params: SamplingParams,
+    def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
         actions = [self.scripts[i][turn] if turn < len(self.scripts[i]) else "" for i in episodes]
         return [Generation(text, self._ids(text, params.stop), finish_reason="stop") for text in actions]
@@ -119,7 +140,7 @@ def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, 
 
 def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams, seed: int) -> None:
     """Every turn: one batch of actions from the running episodes, and the env's answer to each."""
-    contexts = [t.prompt_ids for t in trajectories]
+    contexts = [Context(t.prompt_ids, t.task.prompt, len(t.prompt_ids)) for t in trajectories]
     running = list(range(len(trajectories)))
     for turn in range(env.max_turns):
         generations = policy.act(running, [contexts[i] for i in running], turn, params, seed)
@@ -134,7 +155,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
             observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"] \
                 if observation and restart is None else []
             trajectory = trajectories[i]
-            trajectory.turns.append(TurnRecord(contexts[i], gen.token_ids, observation_ids,
+            trajectory.turns.append(TurnRecord(contexts[i].ids, gen.token_ids, observation_ids,
                                                answer.reward if answer is not None else 0.0, truncated,
                                                answer.kind if answer is not None else "action"))
             trajectory.actions.append(action)
@@ -142,8 +163,8 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
             if answer is None or answer.done:
                 trajectory.finished = answer is not None
             else:
-                contexts[i] = chat_prompt(tokenizer, restart) if restart is not None \
-                    else contexts[i] + gen.token_ids + observation_ids
+                contexts[i] = Context.start(tokenizer, restart) if restart is not None \
+                    else contexts[i].extended(gen.token_ids + observation_ids)
                 still_running.append(i)
         running = still_running
         if not running:

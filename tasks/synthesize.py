@@ -1,31 +1,69 @@
 """`synthesize`: teacher traces for SFT from an environment's train split.
 
-The teacher is the env's programmatic oracle; an OpenAI-compatible endpoint plugs in at
-`teacher_completions` later. Each row carries its token length under the spec's model, so
-the sft contract can hold it to the model's context.
+The teacher is the env's programmatic oracle, or a model behind an OpenAI-compatible endpoint
+(`teacher: {endpoint, model}`: `posttrain serve-model`, vLLM, an API model) that plays the env
+through the same episode loop as any policy (tasks/endpoint_policy.py). Each row carries its
+token length under the spec's model, so the sft contract can hold it to the model's context.
 
-A multi-turn env's oracle is played through the real episode loop (tasks/rollouts.py, the
+A multi-turn env's teacher is played through the real episode loop (tasks/rollouts.py, the
 sandbox included), and its rows carry the exact token ids with a loss mask: SFT trains on the
 policy's actions, never on what the env wrote, and on the very ids RL will see.
 """
 
 from __future__ import annotations
 
+import os
+
 from data_contracts.config import ContractParams
 from envs.base import Task
 from envs.loader import make_env
 from models.loading import context_length, load_tokenizer, resolve_base
-from models.sampling import chat_prompt
-from tasks.config import SynthesizeStage
+from models.sampling import SamplingParams, chat_prompt
+from tasks.config import EndpointTeacher, SynthesizeStage
 from tasks.datasets import write_rows
-from tasks.env_check import scripted_rollouts
-from tasks.rollouts import Trajectory
+from tasks.env_check import CHUNK, scripted_rollouts
+from tasks.rollouts import Trajectory, roll_out
 from tasks.stage import StageContext, StageOutput
 
-def teacher_completions(env, tasks: list[Task], teacher: str) -> list[str]:
+Teacher = str | EndpointTeacher  # "oracle", or a model at an endpoint
+
+
+def teacher_policy(teacher: EndpointTeacher, tokenizer):
+    """The endpoint as a rollout policy; its key comes from the environment variable the spec names."""
+    from tasks.endpoint_policy import EndpointPolicy
+
+    api_key = None
+    if teacher.api_key_env is not None:
+        api_key = os.environ.get(teacher.api_key_env)
+        if not api_key:
+            raise ValueError(f"teacher.api_key_env: environment variable {teacher.api_key_env} is not set")
+    return EndpointPolicy(teacher.endpoint, teacher.model, tokenizer, api_key=api_key)
+
+
+def endpoint_rollouts(env, tokenizer, tasks: list[Task], teacher: EndpointTeacher, seed: int = 0) -> list[Trajectory]:
+    """The endpoint teacher's episodes, CHUNK at a time (a sandboxed env holds one sandbox each)."""
+    policy = teacher_policy(teacher, tokenizer)
+    params = SamplingParams(teacher.max_tokens, teacher.temperature or None)
+    trajectories = []
+    for start in range(0, len(tasks), CHUNK):
+        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], params, seed=seed + start)
+    return trajectories
+
+
+def teacher_trajectories(env, tokenizer, tasks: list[Task], teacher: Teacher, seed: int = 0) -> list[Trajectory]:
+    """The teacher's episodes of `tasks`: the oracle's scripted actions, or the endpoint's."""
+    if teacher == "oracle":
+        return scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
+    if isinstance(teacher, EndpointTeacher):
+        return endpoint_rollouts(env, tokenizer, tasks, teacher, seed)
+    raise ValueError(f"unknown teacher {teacher!r}")
+
+
+def teacher_completions(env, tasks: list[Task], teacher: Teacher, tokenizer=None, seed: int = 0) -> list[str]:
+    """A single-turn env's completions: the oracle's reference, or the endpoint's answers."""
     if teacher == "oracle":
         return [env.reference_completion(task) for task in tasks]
-    raise ValueError(f"unknown teacher {teacher!r}")
+    return [trajectory.text for trajectory in teacher_trajectories(env, tokenizer, tasks, teacher, seed)]
 
 
 def total_tokens(tokenizer, prompt: str, completion: str) -> int:
@@ -46,9 +84,8 @@ def segments(trajectory: Trajectory) -> list[tuple[list[int], list[int]]]:
     return stretches
 
 
-def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer) -> tuple[list[dict], int]:
-    """Rows of the oracle's episodes (one per context stretch) and how many episodes it solved."""
-    trajectories = scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
+def trajectory_rows(env, env_id: str, trajectories: list[Trajectory], tokenizer) -> tuple[list[dict], int]:
+    """Rows of a teacher's episodes (one per context stretch) and how many episodes it solved."""
     rows, solved = [], 0
     for trajectory in trajectories:
         solved += env.is_correct(trajectory.text, trajectory.task, trajectory.outcome)
@@ -60,12 +97,23 @@ def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer) -> tuple[lis
     return rows, solved
 
 
-def single_turn_rows(env, env_id: str, tasks: list[Task], teacher: str, tokenizer) -> tuple[list[dict], int]:
-    completions = teacher_completions(env, tasks, teacher)
+def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer, teacher: Teacher = "oracle",
+                    seed: int = 0) -> tuple[list[dict], int]:
+    """Rows of the teacher's episodes of `tasks` (the oracle's unless told otherwise)."""
+    return trajectory_rows(env, env_id, teacher_trajectories(env, tokenizer, tasks, teacher, seed), tokenizer)
+
+
+def single_turn_rows(env, env_id: str, tasks: list[Task], teacher: Teacher, tokenizer,
+                     seed: int = 0) -> tuple[list[dict], int]:
+    completions = teacher_completions(env, tasks, teacher, tokenizer, seed)
     rows = [{"id": task.id, "env": env_id, "prompt": task.prompt, "completion": completion,
              "answer": task.answer, "total_tokens": total_tokens(tokenizer, task.prompt, completion)}
             for task, completion in zip(tasks, completions)]
     return rows, sum(env.is_correct(c, t) for c, t in zip(completions, tasks))
+
+
+def teacher_name(teacher: Teacher) -> str:
+    return teacher.describe() if isinstance(teacher, EndpointTeacher) else teacher
 
 
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
@@ -74,12 +122,12 @@ def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base)
     if env.max_turns > 1:
-        rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer)
+        rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer, stage.teacher, stage.seed)
     else:
-        rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer)
+        rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer, stage.seed)
     out_dir = ctx.workdir / "dataset"
     write_rows(rows, out_dir)
-    ctx.log(f"{len(rows)} examples from {len(tasks)} {stage.env} tasks ({stage.teacher} teacher)")
+    ctx.log(f"{len(rows)} examples from {len(tasks)} {stage.env} tasks ({teacher_name(stage.teacher)} teacher)")
     contract = ContractParams(kind="sft", context_length=context_length(base))
     return {"dataset": StageOutput("dataset", out_dir, {"rows": len(rows), "teacher_accuracy": solved / len(tasks)},
                                    contract)}

@@ -1,0 +1,129 @@
+"""The policy behind an OpenAI-compatible endpoint (`posttrain serve-model`, vLLM, an API model).
+
+It plugs into `tasks.rollouts.roll_out` like the local model: every turn, each running episode's
+context goes out as chat messages (its prompt as the user's message; what the policy and the env
+wrote since, if anything, as an assistant message the server continues, vLLM's
+`continue_final_message`), the requests of a batch concurrently. The answers come back as text and
+are turned into ids with the local tokenizer, ended the way the local engine ends them, so the rest
+of the loop (transcripts, env steps, rows) cannot tell the two policies apart.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from models.sampling import Generation, SamplingParams
+from tasks.rollouts import TURN_SEED_STRIDE, Context
+
+
+class EndpointError(RuntimeError):
+    """The endpoint cannot answer (unreachable, unknown model, a refused request); one line."""
+
+
+class EndpointPolicy:
+    """`act` and `complete` of the rollout loop's policy protocol, over the official `openai` client."""
+
+    def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None, extensions: bool = True,
+                 max_workers: int = 4):
+        from openai import OpenAI
+
+        self.base_url, self.model, self.tokenizer = base_url, model, tokenizer
+        self.extensions = extensions  # vLLM's request extensions (a plain OpenAI API refuses them)
+        self.max_workers = max_workers
+        self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+                             max_retries=1)
+
+    def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
+            seed: int) -> list[Generation]:
+        """One action per context; episode `e` decodes with its own seed, so a group of repeats of
+        one task samples different actions."""
+        requests = [self._request(context, params, seed + turn * TURN_SEED_STRIDE + episode)
+                    for episode, context in zip(episodes, contexts)]
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            return list(pool.map(lambda request: self._generation(request, params.stop), requests))
+
+    def complete(self, prompt: str, params: SamplingParams) -> str:
+        """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`)."""
+        request = {"messages": [{"role": "user", "content": prompt}], **self._sampling(params, 0)}
+        return self._call(request).choices[0].message.content or ""
+
+    def _request(self, context: Context, params: SamplingParams, seed: int) -> dict:
+        """The chat request of a context: the prompt, and the assistant message to continue if any."""
+        messages = [{"role": "user", "content": context.prompt}]
+        request = {"messages": messages, **self._sampling(params, seed)}
+        extra_body = {"include_stop_str_in_output": True} if params.stop and self.extensions else {}
+        if len(context.ids) > context.prompt_len:
+            if not self.extensions:
+                raise EndpointError(f"{self.base_url}: continuing a multi-turn context needs the "
+                                    "continue_final_message extension (extensions are off)")
+            so_far = self.tokenizer.decode(context.ids[context.prompt_len:], skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": so_far})
+            extra_body |= {"continue_final_message": True, "add_generation_prompt": False}
+        if params.top_k > 0 and self.extensions:  # OpenAI's API has no top-k
+            extra_body["top_k"] = params.top_k
+        return {**request, "extra_body": extra_body} if extra_body else request
+
+    def _sampling(self, params: SamplingParams, seed: int) -> dict:
+        sampling = {"temperature": 0 if params.temperature is None else params.temperature,
+                    "top_p": params.top_p, "max_tokens": params.max_new_tokens, "seed": seed}
+        return {**sampling, "stop": list(params.stop)} if params.stop else sampling
+
+    def _generation(self, request: dict, stop: tuple[str, ...]) -> Generation:
+        """The answer as the local engine returns it: text without the stop string, ids with it
+        (or with the end token when the model ended on its own)."""
+        choice = self._call(request).choices[0]
+        text = choice.message.content or ""
+        finish_reason = "length" if choice.finish_reason == "length" else "stop"
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if finish_reason == "stop" and not (stop and text.endswith(stop)):
+            ids = ids + [self.tokenizer.eos_token_id]
+        return Generation(without_stop(text, stop), ids, finish_reason=finish_reason)
+
+    def _call(self, request: dict):
+        """One chat completion; whatever goes wrong becomes a one-line EndpointError."""
+        import openai
+
+        try:
+            return self.client.chat.completions.create(model=self.model, **request)
+        except openai.APIConnectionError as exc:
+            raise EndpointError(f"{self.base_url}: cannot reach the endpoint ({connection_reason(exc)})") from None
+        except openai.NotFoundError as exc:
+            raise EndpointError(self._not_found(exc)) from None
+        except openai.APIStatusError as exc:
+            raise EndpointError(f"{self.base_url}: HTTP {exc.status_code}: {api_message(exc)}") from None
+
+    def _not_found(self, exc) -> str:
+        """A 404: the model is not served there (say which are), or the URL is no OpenAI API."""
+        import openai
+
+        try:
+            served = [model.id for model in self.client.models.list()]
+        except openai.OpenAIError:
+            return f"{self.base_url}: no OpenAI-compatible API there (HTTP 404: {api_message(exc)})"
+        if self.model not in served:
+            return f"{self.base_url}: unknown model {self.model!r} (the endpoint serves: {', '.join(served) or 'none'})"
+        return f"{self.base_url}: HTTP 404: {api_message(exc)}"
+
+
+def without_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text before the first stop string (what `models.sampling` calls a generation's text)."""
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
+
+
+def connection_reason(exc) -> str:
+    cause = exc.__cause__ or exc
+    return first_line(str(cause)) or type(cause).__name__
+
+
+def api_message(exc) -> str:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error", body)
+    message = error.get("message") if isinstance(error, dict) else None
+    return first_line(str(message or exc.message))
+
+
+def first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""

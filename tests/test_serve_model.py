@@ -1,0 +1,279 @@
+"""`posttrain serve-model`: a checkpoint behind a real OpenAI-compatible server on 127.0.0.1, talked
+to with the official `openai` client. Through the endpoint, greedy decoding gives exactly what
+in-process decoding gives: the same completions, so the same accuracy."""
+
+import atexit
+import functools
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import ROOT, free_port
+from envs.arith import ArithEnv, ArithEnvConfig
+from envs.calc import CalcEnv, CalcEnvConfig
+from models.sampling import SamplingParams, chat_prompt, generate_tokens
+
+NAME = "t/sft@0123456789abcdef"
+ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
+CALC = CalcEnv(CalcEnvConfig(kind="calc", digits=1))
+SFT_STEPS = 100
+
+
+@functools.cache
+def trained_checkpoint() -> Path:
+    """tiny-llama after a short SFT on one-digit arith and calc oracle traces, saved with its tokenizer
+    (a checkpoint folder): it answers in format, ends on its own and makes calc tool calls, so the
+    endpoint's stop strings, end token and multi-turn continuation are all exercised."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from models.loading import load_tokenizer
+    from models.presets import materialize
+    from tasks.config import SftStage
+    from tasks.sft import encode_example, encode_row, train_step
+    from tasks.synthesize import multi_turn_rows
+    from tasks.training import batch_indices, make_optimizer
+
+    tokenizer = load_tokenizer(materialize("tiny-llama"))
+    model = AutoModelForCausalLM.from_pretrained(str(materialize("tiny-llama")))
+    examples = [encode_example(tokenizer, t.prompt, ARITH.reference_completion(t), 128)
+                for t in ARITH.tasks("train", 256, 0)]
+    examples += [encode_row(tokenizer, row, 256) for row in multi_turn_rows(CALC, "calc", CALC.tasks("train", 256, 0),
+                                                                            tokenizer)[0]]
+    stage = SftStage(kind="sft", id="t", data="t", max_steps=SFT_STEPS, batch_size=16, learning_rate=3e-3)
+    optimizer, scheduler = make_optimizer(model, stage, SFT_STEPS)
+    accelerator = Accelerator()
+    model.train()
+    for step in range(SFT_STEPS):
+        batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
+        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+    folder = Path(tempfile.mkdtemp(prefix="posttrain-served-"))
+    atexit.register(shutil.rmtree, folder, True)
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@contextmanager
+def running_server(folder: Path, name: str = NAME):
+    """models.serving's app under uvicorn on a free port, in a background thread; yields its base URL."""
+    import uvicorn
+
+    from models.serving import make_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(folder, name), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@functools.cache
+def local_model():
+    from models.config import ModelConfig
+    from models.loading import load_model, load_tokenizer
+
+    return load_model(trained_checkpoint(), ModelConfig()).eval(), load_tokenizer(trained_checkpoint())
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    with running_server(trained_checkpoint()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+
+
+def local_greedy(prompt: str, max_new_tokens: int = 64):
+    model, tokenizer = local_model()
+    return generate_tokens(model, tokenizer, [chat_prompt(tokenizer, prompt)], SamplingParams(max_new_tokens),
+                           batch_size=1)[0]
+
+
+def ask(client, prompt: str, **kwargs):
+    return client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], **kwargs)
+
+
+def test_models_lists_the_checkpoint(client):
+    [model] = client.models.list().data
+    assert model.id == NAME and model.owned_by == "posttrain" and model.object == "model"
+    assert client.models.retrieve(NAME) == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-nothing")
+
+
+def test_a_greedy_chat_completion_is_the_in_process_completion(client):
+    _, tokenizer = local_model()
+    prompt = ARITH.tasks("eval", 1, 0)[0].prompt
+    answer, expected = ask(client, prompt, temperature=0, max_tokens=64), local_greedy(prompt)
+    [choice] = answer.choices
+    assert choice.message.role == "assistant" and choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason == "stop"  # it ended on the end token
+    assert answer.usage.prompt_tokens == len(chat_prompt(tokenizer, prompt))
+    assert answer.usage.completion_tokens == len(expected.token_ids)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+    assert ask(client, prompt, temperature=0, max_tokens=3).choices[0].finish_reason == "length"
+    parts = client.chat.completions.create(model=NAME, temperature=0, max_tokens=64, messages=[
+        {"role": "user", "content": [{"type": "text", "text": prompt[:5]}, {"type": "text", "text": prompt[5:]}]}])
+    assert parts.choices[0].message.content == expected.text  # content as text parts is the same message
+
+
+def test_stop_strings_end_the_answer_and_are_left_out_unless_asked_for(client):
+    prompt = ARITH.tasks("eval", 1, 0)[0].prompt
+    full = local_greedy(prompt).text
+    assert "final answer" in full
+    cut = full.index("final answer")
+    stopped = ask(client, prompt, temperature=0, max_tokens=64, stop=["final answer", "no such text"]).choices[0]
+    assert stopped.message.content == full[:cut] and stopped.finish_reason == "stop"
+    kept = ask(client, prompt, temperature=0, max_tokens=64, stop="final answer",
+               extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.message.content == full[:cut + len("final answer")]
+
+
+def test_continue_final_message_continues_the_assistant_message(client):
+    _, tokenizer = local_model()
+    prompt = ARITH.tasks("eval", 1, 0)[0].prompt
+    full = local_greedy(prompt)
+    prefix = tokenizer.decode(full.token_ids[:12])
+    answer = client.chat.completions.create(
+        model=NAME, temperature=0, max_tokens=64 - 12,
+        messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": prefix}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert prefix + answer.choices[0].message.content == full.text  # as if it had never stopped
+    assert answer.usage.prompt_tokens == len(chat_prompt(tokenizer, prompt)) + 12
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt false"):
+        client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": prefix}],
+            extra_body={"continue_final_message": True})
+
+
+def test_sampling_is_seeded_and_n_gives_several_choices(client):
+    prompt = ARITH.tasks("eval", 1, 0)[0].prompt
+    first = ask(client, prompt, temperature=1.0, top_p=0.9, max_tokens=24, n=3, seed=7)
+    again = ask(client, prompt, temperature=1.0, top_p=0.9, max_tokens=24, n=3, seed=7)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    assert len({c.message.content for c in first.choices}) > 1
+    greedy = ask(client, prompt, temperature=0, max_tokens=24, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    assert greedy.usage.completion_tokens == 2 * len(local_greedy(prompt, 24).token_ids)
+
+
+def test_unknown_model_and_bad_requests_get_openai_errors(client):
+    with pytest.raises(openai.NotFoundError, match="`gpt-nothing` does not exist"):
+        client.chat.completions.create(model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=NAME, messages=[])
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        ask(client, "hi", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
+        ask(client, "hi", stream=True)
+
+
+def test_greedy_accuracy_through_the_endpoint_equals_in_process(base_url):
+    from tasks.endpoint_policy import EndpointPolicy
+    from tasks.rollouts import LocalPolicy, roll_out
+
+    model, tokenizer = local_model()
+    tasks, params = ARITH.tasks("eval", 40, 0), SamplingParams(64)
+    local = roll_out(LocalPolicy(model, tokenizer), tokenizer, ARITH, tasks, params)
+    remote = roll_out(EndpointPolicy(base_url, NAME, tokenizer), tokenizer, ARITH, tasks, params)
+    assert [t.text for t in remote] == [t.text for t in local]
+    assert [t.turns[0].action_ids for t in remote] == [t.turns[0].action_ids for t in local]
+    accuracy = [sum(ARITH.is_correct(t.text, t.task) for t in run) / len(tasks) for run in (local, remote)]
+    assert accuracy[0] == accuracy[1] > 0
+
+
+def read_line(process: subprocess.Popen, timeout: float) -> str:
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    return process.stdout.readline().strip() if ready else ""
+
+
+def test_serve_model_serves_a_committed_checkpoint_under_its_ref(tmp_path):
+    from artifacts.store import Store
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    ref = str(store.commit("t/sft", "checkpoint", trained_checkpoint(), producer={}))
+    code = ("import sys; from flows.serve_model_cli import serve_model; "
+            "sys.exit(serve_model(sys.argv[1], sys.argv[2], '127.0.0.1', 0, None))")
+    process = subprocess.Popen([sys.executable, "-c", code, ref, store.uri], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = read_line(process, 120)
+        assert line.startswith(f"serving {ref} on http://127.0.0.1:") and line.endswith("/v1"), line
+        client = openai.OpenAI(base_url=line.split(" on ")[1], api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [ref]
+        answer = client.chat.completions.create(model=ref, messages=[{"role": "user", "content": "what is 2+3?"}],
+                                                temperature=0, max_tokens=8)
+        assert answer.choices[0].message.content
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_model_input_errors_are_one_line(tmp_path):
+    import socket
+
+    from artifacts.store import Store
+    from flows.serve_model_cli import ServeModelInputError, serve_model
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "rows.jsonl").write_text("{}\n")
+    dataset = str(store.commit("t/data", "dataset", tmp_path / "rows", producer={}))
+    checkpoint = str(store.commit("t/sft", "checkpoint", trained_checkpoint(), producer={}))
+    (tmp_path / "a-file").write_text("")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    cases = [
+        ("sft", store.uri, 0, "ref: not an artifact ref (expected name@version, 16 hex digits): 'sft'"),
+        ("t/sft@0123456789abcdef", store.uri, 0, f"ref: no committed artifact t/sft@0123456789abcdef in {store.uri}"),
+        (dataset, store.uri, 0, f"ref: {dataset} is a dataset, not a checkpoint"),
+        (checkpoint, f"file://{tmp_path / 'a-file'}", 0, f"store: {tmp_path / 'a-file'} is not a writable folder"),
+        (checkpoint, store.uri, port, f"port: cannot listen on 127.0.0.1:{port} (Address already in use)"),
+    ]
+    with taken:
+        for ref, uri, port, message in cases:
+            with pytest.raises(ServeModelInputError) as error:
+                serve_model(ref, uri, "127.0.0.1", port, None)
+            assert str(error.value) == message
+
+
+def test_a_lora_adapter_checkpoint_is_served_on_its_base_model(tmp_path):
+    from models.config import ModelConfig
+    from models.loading import add_lora, load_model, load_tokenizer
+    from models.presets import materialize
+    from models.serving import ChatRequest, ServedModel
+
+    base = materialize("tiny-llama")
+    adapter = add_lora(load_model(base, ModelConfig()), ModelConfig(lora={"r": 4, "alpha": 8}))
+    adapter.save_pretrained(str(tmp_path))
+    load_tokenizer(base).save_pretrained(str(tmp_path))
+    served = ServedModel(tmp_path, "adapter")
+    request = ChatRequest(model="adapter", messages=[{"role": "user", "content": "what is 2+3?"}], temperature=0,
+                          max_tokens=8)
+    base_model, tokenizer = load_model(base, ModelConfig()), load_tokenizer(base)
+    expected = generate_tokens(base_model, tokenizer, [chat_prompt(tokenizer, "what is 2+3?")], SamplingParams(8))[0]
+    assert served.complete(request)["choices"][0]["message"]["content"] == expected.text  # a fresh LoRA is a no-op
