@@ -119,14 +119,35 @@ def cmd_status(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from flows.eval_cli import EvaluationInputError, run_eval
+    from flows.eval_cli import run_eval
+    from flows.evaluate import EvaluationInputError
 
+    if args.endpoint:
+        return _eval_endpoint(args)
+    if not args.ref:
+        raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
     store = _store(args.store)
     _check_prefect_api()
     try:
         return run_eval(store, args.ref, args.env, args.n, args.max_new_tokens)
     except EvaluationInputError as exc:
         raise UserError(str(exc)) from None
+
+
+def _eval_endpoint(args) -> int:
+    from flows.eval_cli import run_endpoint_eval
+    from flows.evaluate import EvaluationInputError
+    from tasks.endpoint_policy import EndpointError
+
+    if args.ref:
+        raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")
+    if not args.model or not args.spec:
+        raise UserError(f"--endpoint: also name --model (what {args.endpoint} serves) and --spec (the envs)")
+    spec, _ = _load(args.spec)
+    try:
+        return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model)
+    except (EvaluationInputError, EndpointError) as exc:
+        raise UserError(str(exc).splitlines()[0]) from None
 
 
 def cmd_serve(args) -> int:
@@ -273,8 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--python", action="store_true", help="run the text as a Python cell (the rlm REPL)")
     box.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     box.set_defaults(func=cmd_sandbox)
-    evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand)")
-    evaluation.add_argument("ref", help="a checkpoint, name@version")
+    evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
+                                     "model behind an OpenAI-compatible endpoint")
+    evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version")
+    evaluation.add_argument("--endpoint", help="instead: an OpenAI-compatible base URL (…/v1)")
+    evaluation.add_argument("--model", help="with --endpoint: the model name it serves")
+    evaluation.add_argument("--spec", help="with --endpoint: the spec whose envs and evaluation settings to use")
     evaluation.add_argument("--env", action="append", help="env id of the checkpoint's spec, or an env kind "
                             "(repeatable; default: the spec's evaluation.envs)")
     evaluation.add_argument("--n", type=int, help="tasks per env (default: the spec's evaluation.n)")

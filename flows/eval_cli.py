@@ -20,11 +20,38 @@ def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_
         return 1
     result = state.result()
     print(f"\n{ref}: {result['state']}  results {result['results']}  report {result['report']}")
-    print(f"{'env':<12} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'tokens':>7} {'n':>5}")
-    for env_id, m in result["metrics"].items():
-        print(f"{env_id:<12} {m['accuracy']:>9.1%} {m['format_rate']:>7.1%} {m['doom_loop_rate']:>10.1%} "
-              f"{m['mean_completion_tokens']:>7.1f} {m['n']:>5}")
+    print_metrics(result["metrics"])
     return 0
 
 
-__all__ = ["EvaluationInputError", "run_eval"]
+def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_tokens: int | None, endpoint: str,
+                      model: str) -> int:
+    """Evaluate a model behind an OpenAI-compatible endpoint (serve-model, vLLM, an API) on the envs
+    of `spec`, exactly as a checkpoint is evaluated (same tasks, greedy, same metrics); prints them.
+    Nothing is committed: the store holds checkpoints' evaluations, and this model is not one."""
+    from envs.loader import make_env
+    from flows.evaluate import with_envs
+    from models.loading import load_tokenizer, resolve_base
+    from tasks.config import EvaluateStage
+    from tasks.endpoint_policy import EndpointPolicy
+    from tasks.evaluate import evaluate_policy
+
+    spec, env_ids = with_envs(spec, envs)
+    settings = spec.evaluation
+    stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[model], envs=env_ids, n=n or settings.n,
+                          max_new_tokens=max_new_tokens or settings.max_new_tokens, batch_size=settings.batch_size,
+                          sampled=settings.sampled, seed=settings.seed)
+    tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
+    policy = EndpointPolicy(endpoint, model, tokenizer)
+    print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)
+    metrics = {env_id: evaluate_policy(policy, tokenizer, make_env(env_id, spec.envs[env_id]), stage, model)[1]
+               for env_id in env_ids}
+    print_metrics(metrics)
+    return 0
+
+
+def print_metrics(metrics: dict[str, dict]) -> None:
+    print(f"{'env':<12} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'tokens':>7} {'n':>5}")
+    for env_id, m in metrics.items():
+        print(f"{env_id:<12} {m['accuracy']:>9.1%} {m['format_rate']:>7.1%} {m['doom_loop_rate']:>10.1%} "
+              f"{m['mean_completion_tokens']:>7.1f} {m['n']:>5}")

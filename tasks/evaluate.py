@@ -67,28 +67,34 @@ def _mean_finite(values) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
+def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str) -> tuple[list[dict], dict]:
+    """Greedy (and, if asked, sampled) episodes of `policy` on `stage.n` eval tasks of `env`:
+    the per-episode rows and their summary. The policy is a local model or an endpoint."""
+    detector = DoomLoopDetector()
+    tasks = env.tasks("eval", stage.n, stage.seed)
+    greedy = score_rows(env, roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_new_tokens)),
+                        checkpoint=label, mode="greedy", detector=detector)
+    sampled = []
+    if stage.sampled is not None:
+        params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
+        sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
+                             checkpoint=label, mode="sampled", detector=detector)
+    return greedy + sampled, summarize(greedy, sampled)
+
+
 def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
-    detector = DoomLoopDetector()
     rows, metrics = [], {}
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
         model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
         metrics[checkpoint] = {}
         for env_id in stage.envs:
-            env = make_env(env_id, ctx.envs[env_id])
-            tasks = env.tasks("eval", stage.n, stage.seed)
             began = time.monotonic()
-            policy = LocalPolicy(model, tokenizer, stage.batch_size)
-            greedy = score_rows(env, roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_new_tokens)),
-                                checkpoint=checkpoint, mode="greedy", detector=detector)
-            sampled = []
-            if stage.sampled is not None:
-                params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
-                sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
-                                     checkpoint=checkpoint, mode="sampled", detector=detector)
-            metrics[checkpoint][env_id] = summarize(greedy, sampled)
-            rows += greedy + sampled
+            env_rows, metrics[checkpoint][env_id] = evaluate_policy(
+                LocalPolicy(model, tokenizer, stage.batch_size), tokenizer, make_env(env_id, ctx.envs[env_id]),
+                stage, checkpoint)
+            rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
     out_dir = ctx.workdir / "results"

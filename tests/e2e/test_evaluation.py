@@ -22,9 +22,10 @@ def evaluated_run(tmp_path_factory):
     store = tmp_path / "store"
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 6, "checkpoint_every": 3}, evaluation=EVALUATION)
     spec["stages"] = spec["stages"][:2]
-    run = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
+    spec_path = write(tmp_path, spec)
+    run = posttrain("run", spec_path, "--summary-json", tmp_path / "run.json")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return store, run, summary(tmp_path / "run.json")
+    return store, run, summary(tmp_path / "run.json"), spec_path
 
 
 def files(store: Path) -> list[str]:
@@ -32,7 +33,7 @@ def files(store: Path) -> list[str]:
 
 
 def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluated_run):
-    store, run, run_summary = evaluated_run
+    store, run, run_summary, _ = evaluated_run
     assert "ephemeral mode): each new checkpoint is evaluated inline" in run.stdout
     sft = by_id(run_summary)["sft"]
     checkpoints = [*sft["metrics"]["promoted_checkpoints"], sft["outputs"]["checkpoint"]]
@@ -52,7 +53,7 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
 
 
 def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evaluated_run):
-    store, _, run_summary = evaluated_run
+    store, _, run_summary, _ = evaluated_run
     checkpoint = by_id(run_summary)["sft"]["outputs"]["checkpoint"]
     inline = run_summary["evaluations"][-1]
     again = posttrain("eval", checkpoint, "--store", f"file://{store}")
@@ -70,7 +71,7 @@ def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evalu
 
 
 def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
-    store, _, run_summary = evaluated_run
+    store, _, run_summary, spec_path = evaluated_run
     checkpoint = by_id(run_summary)["sft"]["outputs"]["checkpoint"]
     dataset = by_id(run_summary)["warmup"]["outputs"]["dataset"]
     missing = checkpoint[:-1] + ("0" if checkpoint[-1] != "0" else "1")
@@ -89,6 +90,9 @@ def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
         (["serve"], {"PREFECT_API_URL": down}, f"error: PREFECT_API_URL {down}: the Prefect server does not answer"),
         (["serve"], {}, "error: PREFECT_API_URL: `posttrain serve` needs a Prefect server"),
         (["serve-model", missing], {}, "error: ref: no committed artifact"),
+        (["eval"], {}, "error: ref: name a checkpoint (name@version), or an endpoint"),
+        (["eval", "--endpoint", down.replace("/api", "/v1"), "--model", "m", "--spec", spec_path], {},
+         f"error: {down.replace('/api', '/v1')}: cannot reach the endpoint"),
     ]
     for args, env, message in cases:
         if "--store" not in args:
@@ -99,6 +103,38 @@ def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
             (args, result.stderr)
     assert files(store) == before
     assert not (unwritable.parent / "store").exists()
+
+
+def test_a_checkpoint_served_by_serve_model_evaluates_as_it_does_in_process(evaluated_run):
+    """`posttrain eval --endpoint` against `posttrain serve-model REF` (the official openai client
+    underneath) gives the metrics the evaluation flow gave the same checkpoint in-process."""
+    from e2e.helpers import start
+    from e2e.prefect_server import stop, wait_until
+
+    store, _, run_summary, spec_path = evaluated_run
+    inline = run_summary["evaluations"][-1]
+    port = free_port()
+    server = start("serve-model", inline["checkpoint"], "--port", port, "--store", f"file://{store}")
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), 120, "serve-model did not come up")
+        result = posttrain("eval", "--endpoint", f"http://127.0.0.1:{port}/v1", "--model", inline["checkpoint"],
+                           "--spec", spec_path, timeout=300)
+    finally:
+        stop(server)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    [row] = [line.split() for line in result.stdout.splitlines() if line.startswith("arith ")]
+    m = inline["metrics"]["arith"]
+    assert row[1:] == [f"{m['accuracy']:.1%}", f"{m['format_rate']:.1%}", f"{m['doom_loop_rate']:.1%}",
+                       f"{m['mean_completion_tokens']:.1f}", str(m["n"])]
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_run_with_an_unreachable_prefect_server_is_refused(tmp_path):
