@@ -36,6 +36,15 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _use_cpu_without_cuda() -> None:
+    """Processes of a multi-GPU stage on a machine without CUDA train on the CPU (gloo), so the same
+    launch runs everywhere (a CPU box runs a `gpus: 2` stage as two CPU processes)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["ACCELERATE_USE_CPU"] = "1"
+
+
 def commit_outputs(ctx, outputs: dict, checked: dict, producer: dict) -> dict[str, str]:
     """Commit a stage's outputs; returns {output key: ref}, the primary (first) output first.
 
@@ -80,6 +89,8 @@ def execute(request: dict) -> dict:
     try:
         outputs = importlib.import_module(STAGE_MODULES[stage.kind]).run(stage, ctx)
         compute = time.monotonic() - began
+        if not ctx.is_main:
+            return {}  # one process per GPU: rank 0 checks, commits and reports
         checked = {key: output.contract_summary or contracts.check(ctx, output, stage.contract)
                    for key, output in outputs.items() if output.contract is not None}
         refs = commit_outputs(ctx, outputs, checked, ctx.producer)
@@ -97,6 +108,8 @@ def main(argv: list[str]) -> int:
     _exit_with_parent(os.getppid())
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _use_cpu_without_cuda()
     try:
         result = execute(json.loads(request_path.read_text()))
         code = 0
@@ -105,7 +118,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         traceback.print_exc()
         result, code = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, 1
-    result_path.write_text(json.dumps(result, default=str))
+    if os.environ.get("RANK", "0") == "0":
+        result_path.write_text(json.dumps(result, default=str))
     return code
 
 

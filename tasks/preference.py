@@ -151,7 +151,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
     training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)
     for step in range(training.start, training.steps):
-        batch = batch_indices(len(pairs), stage.batch_size, stage.seed, step)
+        batch = training.shard(batch_indices(len(pairs), stage.batch_size, stage.seed, step))
         metrics, tokens = train_step(training.model, [chosen[i] for i in batch], [rejected[i] for i in batch],
                                      ref_chosen[batch], ref_rejected[batch], stage, tokenizer.pad_token_id,
                                      training.accelerator, training.optimizer, training.scheduler)

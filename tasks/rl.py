@@ -185,8 +185,9 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
     """`num_iterations` clipped policy-gradient steps on a step's rows; returns (metrics, policy tokens)."""
     import torch
 
-    rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
-                         stage.mask_truncated, stage.credit)
+    # advantages are computed over whole groups first; then each process trains on its share
+    rows = training.shard(training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
+                                        stage.mask_truncated, stage.credit))
     device = training.accelerator.device
     batch = padded_rows(rows, pad_id, device)
     prompt, prompt_mask, completion, completion_mask, loss_mask = batch

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,8 +117,8 @@ def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: 
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         announcements = Announcements(Path(tmp) / "checkpoints.jsonl", on_checkpoint)
         request_path.write_text(json.dumps({**request, "announce_path": str(announcements.path)}))
-        process = subprocess.Popen([sys.executable, "-m", "tasks.child", str(request_path), str(result_path)],
-                                   cwd=str(ROOT), env=_child_env())
+        process = subprocess.Popen(child_command(request["gpus"], request_path, result_path), cwd=str(ROOT),
+                                   env=_child_env(), preexec_fn=_die_with_parent if request["gpus"] > 1 else None)
         deadline = time.monotonic() + timeout
         try:
             while process.poll() is None:
@@ -126,7 +127,7 @@ def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: 
                 announcements.drain()
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
-            if process.poll() is None:
+            if process.poll() is None:  # a launcher's processes exit when it does (tasks/child.py)
                 process.send_signal(signal.SIGKILL)
                 process.wait()
             announcements.drain()
@@ -136,6 +137,31 @@ def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: 
     if "error" in result:
         raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
     return {**result, "checkpoints": announcements.refs}
+
+
+def child_command(gpus: int, request_path: Path, result_path: Path) -> list[str]:
+    """`python -m tasks.child`; a multi-GPU stage (gpus > 1) runs it once per GPU under
+    `accelerate launch` (DDP: each process trains on its share of every batch, rank 0 commits)."""
+    child = ["-m", "tasks.child", str(request_path), str(result_path)]
+    if gpus <= 1:
+        return [sys.executable, *child]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), *child]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """The launcher dies with the orchestrator (Linux PR_SET_PDEATHSIG); its processes, which watch
+    their parent, follow. The single-process child watches its parent itself."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _child_env() -> dict:

@@ -81,7 +81,7 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     examples = [encode_row(tokenizer, row, stage.max_seq_len) for row in rows]
     training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
-        batch = [examples[i] for i in batch_indices(len(examples), stage.batch_size, stage.seed, step)]
+        batch = [examples[i] for i in training.shard(batch_indices(len(examples), stage.batch_size, stage.seed, step))]
         loss, tokens = train_step(training.model, batch, tokenizer.pad_token_id, training.accelerator,
                                   training.optimizer, training.scheduler)
         training.record(step, tokens, loss=loss)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,7 +46,14 @@ class StageContext:
         self.output_name = self.output_name or f"{self.pipeline}/{self.stage_id}"
 
     def log(self, message: str) -> None:
-        print(f"[{self.stage_id}] {message}", file=sys.stdout, flush=True)
+        if self.is_main:  # a multi-GPU stage's other processes do the same work: one log is enough
+            print(f"[{self.stage_id}] {message}", file=sys.stdout, flush=True)
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is the process that commits: always, unless a multi-GPU stage runs one
+        process per GPU (`accelerate launch`), where rank 0 commits and the others only train."""
+        return os.environ.get("RANK", "0") == "0"
 
     def announce_checkpoint(self, ref: str, step: int | None = None) -> None:
         """Tell the orchestrator a checkpoint was committed (it emits the checkpoint event at once)."""

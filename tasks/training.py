@@ -91,13 +91,24 @@ class Training:
         entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()}, "tokens": tokens,
                  "tokens_per_second": round(self.tokens_per_second, 1), "lr": self.scheduler.get_last_lr()[0]}
         self.history.append(entry)
-        self.progress.update(step + 1, **{k: v for k, v in values.items() if k in PROGRESS_METRICS},
-                             tokens_per_second=self.tokens_per_second)
+        if self.ctx.is_main:  # one progress line per stage, not one per process
+            self.progress.update(step + 1, **{k: v for k, v in values.items() if k in PROGRESS_METRICS},
+                                 tokens_per_second=self.tokens_per_second)
         if (step + 1) % self.stage.checkpoint_every == 0 and step + 1 < self.steps:
             self._checkpoint(step + 1)
 
+    def shard(self, batch: list) -> list:
+        """This process's share of a batch: all of it, or every N-th example under N processes
+        (DDP averages their gradients, so a step still sees the whole batch). A batch smaller than
+        N goes whole to every process (the same gradient N times, averaged: still that batch's)."""
+        processes = self.accelerator.num_processes
+        return batch if len(batch) < processes else batch[self.accelerator.process_index::processes]
+
     def _checkpoint(self, step: int) -> None:
-        """Scratch state for a resume, and the weights committed as `<pipeline>/<stage>.step-<n>`."""
+        """Scratch state for a resume, and the weights committed as `<pipeline>/<stage>.step-<n>`
+        (by the committing process only; the others' weights are the same)."""
+        if not self.ctx.is_main:
+            return
         model = self.accelerator.unwrap_model(self.model)
         ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1])
         self.promoted.append(ref)
@@ -148,6 +159,9 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
         training.start, training.history = resumed.step, resumed.state["history"]
         training.promoted = resumed.state["promoted"]
         ctx.log(f"resuming from in-stage checkpoint at step {resumed.step}/{steps}")
+    if accelerator.num_processes > 1 and ctx.is_main:
+        ctx.log(f"{accelerator.num_processes} processes ({accelerator.distributed_type.value}), each on its "
+                "share of every batch")
     training.progress = Progress(steps, training.start, ctx.stage_id, log_every=LOG_EVERY)
     model.train()
     return training

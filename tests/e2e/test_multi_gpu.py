@@ -1,0 +1,40 @@
+"""A stage with `gpus: 2` runs as two processes under `accelerate launch` (DDP). Here, without
+CUDA, the same launch trains on two CPU processes (gloo): each on its share of every batch, rank 0
+alone logging, promoting and committing."""
+
+from __future__ import annotations
+
+import json
+
+from artifacts.store import Store
+from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+
+
+def test_a_two_gpu_stage_trains_as_two_processes_and_commits_once(tmp_path):
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 40, "learning_rate": 0.003, "checkpoint_every": 20,
+                                             "gpus": 2})
+    spec["stages"][2:] = [{"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
+                           "prompts_per_step": 4, "group_size": 4, "max_tokens": 32, "learning_rate": 0.001,
+                           "gpus": 2}]
+    spec["evaluation"] = {"on_new_checkpoint": True, "n": 4, "max_new_tokens": 8}
+    run = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    lines = run.stdout.splitlines()
+    for stage in ("sft", "rl"):
+        assert lines.count(f"[{stage}] 2 processes (MULTI_CPU), each on its share of every batch") == 1
+    assert sum(line.startswith("[sft] step 40/40") for line in lines) == 1  # one progress line, not one per process
+    stages = by_id(summary(tmp_path / "run.json"))
+    assert stages["sft"]["state"] == stages["rl"]["state"] == "completed"
+    artifact_store = Store(f"file://{store}")
+    [promoted] = stages["sft"]["metrics"]["promoted_checkpoints"]
+    assert promoted.startswith("tiny/sft.step-20@") and artifact_store.is_committed(promoted)
+    made = [name for name in artifact_store.listdir(artifact_store.path("artifacts", "tiny")) if ".eval" not in name]
+    assert sorted(made) == sorted(["warmup", "sft", "sft.step-20", "sft.report", "rl", "rl.report"])
+    # rank 0 alone announced its checkpoints: each was evaluated once
+    assert [e["checkpoint"] for e in summary(tmp_path / "run.json")["evaluations"]] == \
+        [promoted, stages["sft"]["outputs"]["checkpoint"], stages["rl"]["outputs"]["checkpoint"]]
+    report = artifact_store.fetch(stages["sft"]["outputs"]["report"])
+    history = [json.loads(line) for line in (report / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 40 and history[-1]["loss"] < history[0]["loss"] / 2
+    assert stages["rl"]["outputs"]["checkpoint"] != stages["sft"]["outputs"]["checkpoint"]
