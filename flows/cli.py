@@ -10,62 +10,22 @@ import sys
 from pathlib import Path
 
 from data_contracts.config import DATASET_KINDS
-
-DEFAULT_STORE = "file://.posttrain/store"
-_QUIET_DEFAULTS = {
-    "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GX_ANALYTICS_ENABLED": "False",
-    "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
-    # Prefect gives its temporary server 20 s to start, too little on a busy 2-core machine
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-}
-
-
-class UserError(Exception):
-    """Bad input: printed as one line, exit code 2."""
-
-
-def _store(uri: str, storage_options: dict | None = None):
-    from artifacts.store import Store, StoreError
-
-    try:
-        store = Store(uri, storage_options)
-        store.check_reachable()
-    except StoreError as exc:
-        raise UserError(f"store: {exc}") from None
-    return store
-
-
-def _check_prefect_api() -> str | None:
-    """The Prefect API of PREFECT_API_URL if one is named (None: ephemeral mode); a named server
-    that does not answer is bad input, before anything runs."""
-    from prefect.settings import PREFECT_API_URL
-
-    api = PREFECT_API_URL.value()
-    if api is None:
-        return None
-    import httpx
-
-    try:
-        httpx.get(f"{api.rstrip('/')}/health", timeout=10).raise_for_status()
-    except httpx.HTTPError as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"PREFECT_API_URL {api}: the Prefect server does not answer ({reason})") from None
-    return api
-
-
-def _load(path: str):
-    from flows.spec import SpecError, load_spec
-
-    try:
-        return load_spec(path)
-    except SpecError as exc:
-        raise UserError(str(exc)) from None
+from flows.cli_common import (
+    DEFAULT_STORE,
+    QUIET_DEFAULTS,
+    UserError,
+    check_prefect_api,
+    open_spec,
+    open_store,
+    parse_ref,
+)
+from flows.cli_serving import add_serving_commands
 
 
 def cmd_validate(args) -> int:
     from flows.report import print_dag
 
-    spec, _ = _load(args.spec)
+    spec, _ = open_spec(args.spec)
     print_dag(spec)
     return 0
 
@@ -73,9 +33,9 @@ def cmd_validate(args) -> int:
 def cmd_run(args) -> int:
     from flows.report import print_run_report
 
-    spec, text = _load(args.spec)
-    store = _store(args.store or spec.store, spec.storage_options)
-    api = _check_prefect_api()
+    spec, text = open_spec(args.spec)
+    store = open_store(args.store or spec.store, spec.storage_options)
+    api = check_prefect_api()
     if spec.workers is not None and api is None:
         raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "
                         "but PREFECT_API_URL is not set")
@@ -106,7 +66,7 @@ def cmd_status(args) -> int:
     from flows.leaderboard import evaluations
     from flows.report import print_run_list, print_run_status
 
-    store = _store(args.store)
+    store = open_store(args.store)
     if args.run_id:
         path = store.path("runs", f"{args.run_id}.json")
         if not store.exists(path):
@@ -118,78 +78,13 @@ def cmd_status(args) -> int:
     return 0
 
 
-def cmd_eval(args) -> int:
-    from flows.eval_cli import run_eval
-    from flows.evaluate import EvaluationInputError
-
-    if args.endpoint:
-        return _eval_endpoint(args)
-    if not args.ref:
-        raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
-    store = _store(args.store)
-    _check_prefect_api()
-    try:
-        return run_eval(store, args.ref, args.env, args.n, args.max_new_tokens)
-    except EvaluationInputError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _eval_endpoint(args) -> int:
-    from flows.eval_cli import run_endpoint_eval
-    from flows.evaluate import EvaluationInputError
-    from tasks.endpoint_policy import EndpointError
-
-    if args.ref:
-        raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")
-    if not args.model or not args.spec:
-        raise UserError(f"--endpoint: also name --model (what {args.endpoint} serves) and --spec (the envs)")
-    spec, _ = _load(args.spec)
-    try:
-        return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model)
-    except (EvaluationInputError, EndpointError) as exc:
-        raise UserError(str(exc).splitlines()[0]) from None
-
-
-def cmd_serve(args) -> int:
-    from flows.triggers import serve
-
-    if args.spec:
-        _load(args.spec)
-    if _check_prefect_api() is None:
-        raise UserError("PREFECT_API_URL: `posttrain serve` needs a Prefect server to receive events "
-                        "(start one with `prefect server start`, then set PREFECT_API_URL=http://127.0.0.1:4200/api)")
-    if args.cron and not args.spec:
-        raise UserError("--cron: schedules a pipeline; name its spec with --spec")
-    serve(args.spec, args.cron, args.store)
-    return 0
-
-
-def cmd_serve_model(args) -> int:
-    from flows.serve_model_cli import ServeModelInputError, serve_model
-
-    store = _store(args.store)
-    try:
-        return serve_model(args.ref, store.uri, args.host, args.port, args.name)
-    except ServeModelInputError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _ref(text: str):
-    from artifacts.refs import BadRef, Ref
-
-    try:
-        return Ref.parse(text)
-    except BadRef as exc:
-        raise UserError(f"ref: {exc}") from None
-
-
 def cmd_lineage(args) -> int:
     from artifacts.lineage import lineage_lines
     from artifacts.store import StoreError
 
-    store = _store(args.store)
+    store = open_store(args.store)
     try:
-        print("\n".join(lineage_lines(store, _ref(args.ref))))
+        print("\n".join(lineage_lines(store, parse_ref(args.ref))))
     except StoreError as exc:
         raise UserError(f"ref: {exc}") from None
     return 0
@@ -198,7 +93,7 @@ def cmd_lineage(args) -> int:
 def cmd_verify(args) -> int:
     from artifacts.store import StoreError
 
-    store, ref = _store(args.store), _ref(args.ref)
+    store, ref = open_store(args.store), parse_ref(args.ref)
     try:
         problems = store.verify(ref)
     except StoreError as exc:
@@ -215,7 +110,7 @@ def cmd_verify(args) -> int:
 def cmd_contracts_check(args) -> int:
     from flows.contracts_cli import ContractInputError, check
 
-    spec = _load(args.spec)[0] if args.spec else None
+    spec = open_spec(args.spec)[0] if args.spec else None
     try:
         return check(args.path, args.kind, spec)
     except ContractInputError as exc:
@@ -226,7 +121,7 @@ def cmd_contracts_docs(args) -> int:
     from artifacts.store import StoreError
     from flows.contracts_cli import ContractInputError, docs
 
-    store, ref = _store(args.store), _ref(args.ref)
+    store, ref = open_store(args.store), parse_ref(args.ref)
     try:
         page = docs(store, ref, args.out)
     except (ContractInputError, StoreError) as exc:
@@ -238,7 +133,7 @@ def cmd_contracts_docs(args) -> int:
 def cmd_envs_check(args) -> int:
     from flows.envs_cli import EnvInputError, check
 
-    spec = _load(args.spec)[0] if args.spec else None
+    spec = open_spec(args.spec)[0] if args.spec else None
     try:
         return check(args.kind, args.tasks, spec)
     except EnvInputError as exc:
@@ -294,31 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--python", action="store_true", help="run the text as a Python cell (the rlm REPL)")
     box.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     box.set_defaults(func=cmd_sandbox)
-    evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
-                                     "model behind an OpenAI-compatible endpoint")
-    evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version")
-    evaluation.add_argument("--endpoint", help="instead: an OpenAI-compatible base URL (…/v1)")
-    evaluation.add_argument("--model", help="with --endpoint: the model name it serves")
-    evaluation.add_argument("--spec", help="with --endpoint: the spec whose envs and evaluation settings to use")
-    evaluation.add_argument("--env", action="append", help="env id of the checkpoint's spec, or an env kind "
-                            "(repeatable; default: the spec's evaluation.envs)")
-    evaluation.add_argument("--n", type=int, help="tasks per env (default: the spec's evaluation.n)")
-    evaluation.add_argument("--max-new-tokens", type=int)
-    evaluation.add_argument("--store", default=DEFAULT_STORE)
-    evaluation.set_defaults(func=cmd_eval)
-    serve = commands.add_parser("serve", help="serve the evaluate-on-checkpoint trigger (and a pipeline) "
-                                "against PREFECT_API_URL")
-    serve.add_argument("--spec", help="also serve this pipeline as deployment post-train/served")
-    serve.add_argument("--cron", help="run that pipeline on this cron schedule, e.g. '0 2 * * *'")
-    serve.add_argument("--store", help="store URI for the served pipeline (overrides its spec's)")
-    serve.set_defaults(func=cmd_serve)
-    serve_model = commands.add_parser("serve-model", help="serve a checkpoint as an OpenAI-compatible API")
-    serve_model.add_argument("ref", help="a checkpoint, name@version")
-    serve_model.add_argument("--port", type=int, default=8000)
-    serve_model.add_argument("--host", default="127.0.0.1")
-    serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
-    serve_model.add_argument("--store", default=DEFAULT_STORE)
-    serve_model.set_defaults(func=cmd_serve_model)
+    add_serving_commands(commands)
     for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
                              ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
         sub = commands.add_parser(name, help=text)
@@ -329,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for key, value in _QUIET_DEFAULTS.items():
+    for key, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from artifacts.store import Store
-from flows.evaluate import EvaluationInputError, evaluate, plan_evaluation
+from flows.evaluate import evaluate, plan_evaluation
 
 
 def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
@@ -40,7 +40,7 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     settings = spec.evaluation
     stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[model], envs=env_ids, n=n or settings.n,
                           max_new_tokens=max_new_tokens or settings.max_new_tokens, batch_size=settings.batch_size,
-                          sampled=settings.sampled, seed=settings.seed)
+                          sampled=settings.sampled, judge=settings.judge, seed=settings.seed)
     tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
     policy = EndpointPolicy(endpoint, model, tokenizer)
     print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)

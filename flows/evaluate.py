@@ -96,7 +96,8 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
     label = checkpoint_label(ref, spec.name)
     stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[label], envs=env_ids,
                           n=n or settings.n, max_new_tokens=max_new_tokens or settings.max_new_tokens,
-                          batch_size=settings.batch_size, sampled=settings.sampled, seed=settings.seed)
+                          batch_size=settings.batch_size, sampled=settings.sampled, judge=settings.judge,
+                          seed=settings.seed)
     run_id = run_id or f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     request = stage_request(spec, stage, {label: str(ref)}, store=store, run_id=run_id,
                             spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")

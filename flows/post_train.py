@@ -18,6 +18,7 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
 from flows.stage_flow import submit_stage
 from flows.stage_requests import stage_request, stage_task_options
+from tasks.config import PRIMARY_OUTPUT
 from tasks.runner import cached_result, code_version, run_stage
 
 # The stage's own timeout kills its child process and names the stage; Prefect's task timeout
@@ -81,15 +82,14 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
         stage_began = time.monotonic()
         record = run_one_stage(pipeline, stage, request, run_id)
         if record["state"] != "failed":
-            output_of[stage.id] = next(iter(record["outputs"].values()))
+            output_of[stage.id] = record["outputs"][PRIMARY_OUTPUT[stage.kind]]
             logger.info(f"{stage.id}: {record['state']} -> {', '.join(record['outputs'].values())}")
             # cached stages too: the artifact belongs to this flow run, whose UI should show it
             publish_reports(artifact_store, pipeline.name, stage.id, record["outputs"])
         else:
             logger.error(f"{stage.id}: failed: {record['error']}")
-        new_checkpoints = record.pop("new_checkpoints")
         if inline_evaluation:
-            summary["evaluations"] += [evaluate_inline(ref, artifact_store) for ref in new_checkpoints]
+            summary["evaluations"] += [evaluate_inline(ref, artifact_store) for ref in record["new_checkpoints"]]
         record["seconds"] = round(time.monotonic() - stage_began, 3)
         summary["stages"].append(record)
         artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from artifacts.store import credential_keys
 from envs.loader import EnvConfig, make_env
 from models.config import ModelConfig
-from tasks.config import STAGE_OUTPUT, Defaults, SampledEval, StageConfig
+from tasks.config import STAGE_OUTPUT, Defaults, Judge, SampledEval, StageConfig
 
 
 class SpecError(Exception):
@@ -40,6 +40,7 @@ class EvaluationConfig(BaseModel):
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0)
     sampled: SampledEval | None = None  # also sampled accuracy (a second pass over the tasks)
+    judge: Judge | None = None  # also a judge model's verdict on each greedy answer
     seed: int = 0
 
 

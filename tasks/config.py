@@ -53,19 +53,30 @@ class StageBase(BaseModel):
         return self.model_dump(exclude={"id", "retries", "retry_delay_seconds", "timeout_seconds", "gpus"})
 
 
-class EndpointTeacher(BaseModel):
-    """A teacher model behind an OpenAI-compatible endpoint (`posttrain serve-model`, vLLM, an API)."""
+class Endpoint(BaseModel):
+    """A model behind an OpenAI-compatible endpoint (`posttrain serve-model`, vLLM, an API)."""
 
     model_config = ConfigDict(extra="forbid")
 
     endpoint: str = Field(pattern=r"^https?://\S+$")  # base URL, ending in /v1
     model: str  # the name the endpoint serves it under
-    max_tokens: int = Field(256, gt=0)  # per action (per turn of a multi-turn env)
-    temperature: float = Field(0, ge=0)  # 0: greedy
     api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
 
     def describe(self) -> str:
         return f"{self.model} at {self.endpoint}"
+
+
+class EndpointTeacher(Endpoint):
+    """A teacher model at an endpoint: it plays the env's train tasks for SFT data."""
+
+    max_tokens: int = Field(256, gt=0)  # per action (per turn of a multi-turn env)
+    temperature: float = Field(0, ge=0)  # 0: greedy
+
+
+class Judge(Endpoint):
+    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/judge.py)."""
+
+    max_tokens: int = Field(8, gt=0)
 
 
 class SynthesizeStage(StageBase):
@@ -291,6 +302,7 @@ class EvaluateStage(StageBase):
     max_new_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0)
     sampled: SampledEval | None = SampledEval()
+    judge: Judge | None = None  # also a judge model's verdict on every greedy answer
     seed: int = 0
 
     def env_refs(self):
@@ -300,6 +312,10 @@ class EvaluateStage(StageBase):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
 
 
+# The output key of each kind's primary artifact (what downstream stages read); the others are
+# secondary (`.report`, `.pairs`). Looked up by key: JSON written with sorted keys loses the order.
+PRIMARY_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
+                  "rl": "checkpoint", "evaluate": "results"}
 STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
                 "rl": "checkpoint", "evaluate": "evaluation"}
 

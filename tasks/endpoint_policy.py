@@ -34,6 +34,17 @@ class EndpointPolicy:
         self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
                              max_retries=1)
 
+    @classmethod
+    def of(cls, config, tokenizer, field: str) -> "EndpointPolicy":
+        """The policy of a spec's endpoint config (`teacher:`, `judge:`); its key comes from the
+        environment variable the config names, never from the spec."""
+        api_key = None
+        if config.api_key_env is not None:
+            api_key = os.environ.get(config.api_key_env)
+            if not api_key:
+                raise ValueError(f"{field}.api_key_env: environment variable {config.api_key_env} is not set")
+        return cls(config.endpoint, config.model, tokenizer, api_key=api_key)
+
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
         """One action per context; episode `e` decodes with its own seed, so a group of repeats of

@@ -21,6 +21,7 @@ from models.sampling import SamplingParams
 from tasks.config import EvaluateStage
 from tasks.datasets import write_rows
 from tasks.eval_report import write_eval_report
+from tasks.judge import judge_metrics, judge_rows
 from tasks.rollouts import LocalPolicy, roll_out
 from tasks.stage import StageContext, StageOutput
 
@@ -62,6 +63,10 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
+def _rounded(metrics: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+
+
 def _mean_finite(values) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return sum(finite) / len(finite) if finite else math.nan
@@ -74,12 +79,14 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str) ->
     tasks = env.tasks("eval", stage.n, stage.seed)
     greedy = score_rows(env, roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_new_tokens)),
                         checkpoint=label, mode="greedy", detector=detector)
+    if stage.judge is not None:
+        judge_rows(greedy, stage.judge, tokenizer)
     sampled = []
     if stage.sampled is not None:
         params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
         sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
                              checkpoint=label, mode="sampled", detector=detector)
-    return greedy + sampled, summarize(greedy, sampled)
+    return greedy + sampled, {**summarize(greedy, sampled), **_rounded(judge_metrics(greedy))}
 
 
 def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:

@@ -12,7 +12,6 @@ policy's actions, never on what the env wrote, and on the very ids RL will see.
 
 from __future__ import annotations
 
-import os
 
 from data_contracts.config import ContractParams
 from envs.base import Task
@@ -32,12 +31,7 @@ def teacher_policy(teacher: EndpointTeacher, tokenizer):
     """The endpoint as a rollout policy; its key comes from the environment variable the spec names."""
     from tasks.endpoint_policy import EndpointPolicy
 
-    api_key = None
-    if teacher.api_key_env is not None:
-        api_key = os.environ.get(teacher.api_key_env)
-        if not api_key:
-            raise ValueError(f"teacher.api_key_env: environment variable {teacher.api_key_env} is not set")
-    return EndpointPolicy(teacher.endpoint, teacher.model, tokenizer, api_key=api_key)
+    return EndpointPolicy.of(teacher, tokenizer, "teacher")
 
 
 def endpoint_rollouts(env, tokenizer, tasks: list[Task], teacher: EndpointTeacher, seed: int = 0) -> list[Trajectory]:

@@ -140,6 +140,11 @@ CASES = {
         "evaluation.envs[1]: unknown env 'chess' (known: arith)"),
     "evaluation unknown key": ({**GOOD, "evaluation": {"on_new_checkpoints": True}},
                                "evaluation.on_new_checkpoints: unknown key"),
+    "judge without a model": (
+        {**GOOD, "evaluation": {"judge": {"endpoint": "http://127.0.0.1:8000/v1"}}}, "evaluation.judge.model: missing"),
+    "judge endpoint not http": (
+        with_stage(2, judge={"endpoint": "ftp://judge", "model": "j"}),
+        "stages[2].judge.endpoint: String should match pattern"),
     "workers deployment not flow/name": (
         {**GOOD, "workers": {"deployment": "post-train-stage"}},
         "workers.deployment: String should match pattern"),

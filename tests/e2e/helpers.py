@@ -42,14 +42,25 @@ def write(tmp_path: Path, spec: dict) -> Path:
     return path
 
 
+def environment(env: dict | None) -> dict:
+    """This process's environment with `env` on top; a None value removes the variable."""
+    merged = {**os.environ, **(env or {})}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+# Ephemeral mode: no Prefect server, the flow starts its own temporary API (and evaluates new
+# checkpoints inline). The e2e tests otherwise share one real server (tests/e2e/conftest.py).
+EPHEMERAL = {"PREFECT_API_URL": None}
+
+
 def posttrain(*args, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([POSTTRAIN, *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+                          env=environment(env), timeout=timeout)
 
 
 def start(*args, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([POSTTRAIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True)
+                            text=True, cwd=ROOT, env=environment(env), start_new_session=True)
 
 
 def summary(path: Path) -> dict:

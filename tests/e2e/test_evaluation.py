@@ -3,15 +3,13 @@ by hand with `posttrain eval` (cached when repeated), in `posttrain status`, and
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
 from artifacts.store import Store
 from conftest import free_port
-from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+from e2e.helpers import EPHEMERAL, by_id, posttrain, summary, tiny_spec, write
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
 
@@ -23,7 +21,7 @@ def evaluated_run(tmp_path_factory):
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 6, "checkpoint_every": 3}, evaluation=EVALUATION)
     spec["stages"] = spec["stages"][:2]
     spec_path = write(tmp_path, spec)
-    run = posttrain("run", spec_path, "--summary-json", tmp_path / "run.json")
+    run = posttrain("run", spec_path, "--summary-json", tmp_path / "run.json", env=EPHEMERAL)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return store, run, summary(tmp_path / "run.json"), spec_path
 
@@ -88,7 +86,7 @@ def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
         (["eval", checkpoint], {"PREFECT_API_URL": down},
          f"error: PREFECT_API_URL {down}: the Prefect server does not answer"),
         (["serve"], {"PREFECT_API_URL": down}, f"error: PREFECT_API_URL {down}: the Prefect server does not answer"),
-        (["serve"], {}, "error: PREFECT_API_URL: `posttrain serve` needs a Prefect server"),
+        (["serve"], EPHEMERAL, "error: PREFECT_API_URL: `posttrain serve` needs a Prefect server"),
         (["serve-model", missing], {}, "error: ref: no committed artifact"),
         (["eval"], {}, "error: ref: name a checkpoint (name@version), or an endpoint"),
         (["eval", "--endpoint", down.replace("/api", "/v1"), "--model", "m", "--spec", spec_path], {},

@@ -35,8 +35,8 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     rollouts = pd.read_parquet(manifests.fetch(by_id(run1)["onpolicy"]["outputs"]["rollouts"]) / "data.parquet")
     assert len(rollouts) == 12 and set(rollouts.groupby("prompt_id").size()) == {3}
     assert all(len(t) == len(lp) > 0 for t, lp in zip(rollouts["tokens"], rollouts["logprobs"]))
-    for stage in ("warmup", "final-eval", "onpolicy"):  # datasets carry their contract summary
-        contract = manifests.manifest(next(iter(by_id(run1)[stage]["outputs"].values())))["metrics"]["contract"]
+    for stage, key in (("warmup", "dataset"), ("final-eval", "results"), ("onpolicy", "rollouts")):
+        contract = manifests.manifest(by_id(run1)[stage]["outputs"][key])["metrics"]["contract"]  # datasets carry it
         assert contract["success"] is True and contract["expectations"] >= 5
 
     began = time.monotonic()

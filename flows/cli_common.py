@@ -1,0 +1,65 @@
+"""What every `posttrain` command shares: the bad-input error, and opening a store, a spec, a ref
+and the Prefect API with one-line errors."""
+
+from __future__ import annotations
+
+DEFAULT_STORE = "file://.posttrain/store"
+QUIET_DEFAULTS = {
+    "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GX_ANALYTICS_ENABLED": "False",
+    "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+    # Prefect gives its temporary server 20 s to start, too little on a busy 2-core machine
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+}
+
+
+class UserError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def open_store(uri: str, storage_options: dict | None = None):
+    from artifacts.store import Store, StoreError
+
+    try:
+        store = Store(uri, storage_options)
+        store.check_reachable()
+    except StoreError as exc:
+        raise UserError(f"store: {exc}") from None
+    return store
+
+
+def check_prefect_api() -> str | None:
+    """The Prefect API of PREFECT_API_URL if one is named (None: ephemeral mode); a named server
+    that does not answer is bad input, before anything runs."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if api is None:
+        return None
+    import httpx
+
+    try:
+        httpx.get(f"{api.rstrip('/')}/health", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"PREFECT_API_URL {api}: the Prefect server does not answer ({reason})") from None
+    return api
+
+
+def open_spec(path: str):
+    from flows.spec import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+
+
+def parse_ref(text: str):
+    from artifacts.refs import BadRef, Ref
+
+    try:
+        return Ref.parse(text)
+    except BadRef as exc:
+        raise UserError(f"ref: {exc}") from None
+
+

@@ -1,0 +1,96 @@
+"""`posttrain eval | serve | serve-model`: evaluations by hand, the checkpoint trigger served, and
+checkpoints behind an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from flows.cli_common import (
+    DEFAULT_STORE,
+    UserError,
+    check_prefect_api,
+    open_spec,
+    open_store,
+)
+
+
+def cmd_eval(args) -> int:
+    from flows.eval_cli import run_eval
+    from flows.evaluate import EvaluationInputError
+
+    if args.endpoint:
+        return _eval_endpoint(args)
+    if not args.ref:
+        raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
+    store = open_store(args.store)
+    check_prefect_api()
+    try:
+        return run_eval(store, args.ref, args.env, args.n, args.max_new_tokens)
+    except EvaluationInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _eval_endpoint(args) -> int:
+    from flows.eval_cli import run_endpoint_eval
+    from flows.evaluate import EvaluationInputError
+    from tasks.endpoint_policy import EndpointError
+
+    if args.ref:
+        raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")
+    if not args.model or not args.spec:
+        raise UserError(f"--endpoint: also name --model (what {args.endpoint} serves) and --spec (the envs)")
+    spec, _ = open_spec(args.spec)
+    try:
+        return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model)
+    except (EvaluationInputError, EndpointError) as exc:
+        raise UserError(str(exc).splitlines()[0]) from None
+
+
+def cmd_serve(args) -> int:
+    from flows.triggers import serve
+
+    if args.spec:
+        open_spec(args.spec)
+    if check_prefect_api() is None:
+        raise UserError("PREFECT_API_URL: `posttrain serve` needs a Prefect server to receive events "
+                        "(start one with `prefect server start`, then set PREFECT_API_URL=http://127.0.0.1:4200/api)")
+    if args.cron and not args.spec:
+        raise UserError("--cron: schedules a pipeline; name its spec with --spec")
+    serve(args.spec, args.cron, args.store)
+    return 0
+
+
+def cmd_serve_model(args) -> int:
+    from flows.serve_model_cli import ServeModelInputError, serve_model
+
+    store = open_store(args.store)
+    try:
+        return serve_model(args.ref, store.uri, args.host, args.port, args.name)
+    except ServeModelInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def add_serving_commands(commands) -> None:
+    evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
+                                     "model behind an OpenAI-compatible endpoint")
+    evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version")
+    evaluation.add_argument("--endpoint", help="instead: an OpenAI-compatible base URL (…/v1)")
+    evaluation.add_argument("--model", help="with --endpoint: the model name it serves")
+    evaluation.add_argument("--spec", help="with --endpoint: the spec whose envs and evaluation settings to use")
+    evaluation.add_argument("--env", action="append", help="env id of the checkpoint's spec, or an env kind "
+                            "(repeatable; default: the spec's evaluation.envs)")
+    evaluation.add_argument("--n", type=int, help="tasks per env (default: the spec's evaluation.n)")
+    evaluation.add_argument("--max-new-tokens", type=int)
+    evaluation.add_argument("--store", default=DEFAULT_STORE)
+    evaluation.set_defaults(func=cmd_eval)
+    serve = commands.add_parser("serve", help="serve the evaluate-on-checkpoint trigger (and a pipeline) "
+                                "against PREFECT_API_URL")
+    serve.add_argument("--spec", help="also serve this pipeline as deployment post-train/served")
+    serve.add_argument("--cron", help="run that pipeline on this cron schedule, e.g. '0 2 * * *'")
+    serve.add_argument("--store", help="store URI for the served pipeline (overrides its spec's)")
+    serve.set_defaults(func=cmd_serve)
+    serve_model = commands.add_parser("serve-model", help="serve a checkpoint as an OpenAI-compatible API")
+    serve_model.add_argument("ref", help="a checkpoint, name@version")
+    serve_model.add_argument("--port", type=int, default=8000)
+    serve_model.add_argument("--host", default="127.0.0.1")
+    serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
+    serve_model.add_argument("--store", default=DEFAULT_STORE)
+    serve_model.set_defaults(func=cmd_serve_model)

@@ -1,0 +1,103 @@
+"""The judge rubric: verdict parsing, its metrics, and an evaluation graded by a judge model served
+by models.serving on 127.0.0.1 (tiny-llama taught the yes/no format on judge prompts)."""
+
+import functools
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from envs.arith import ArithEnv, ArithEnvConfig
+from tasks.config import EvaluateStage, Judge
+from tasks.judge import judge_metrics, judge_prompt, verdict
+
+ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
+JUDGE_STEPS = 80
+
+
+@pytest.mark.parametrize("reply, expected", [("yes", 1.0), ("Yes.", 1.0), (" YES, it is 42", 1.0), ("no", 0.0),
+                                             ("No: 41 is wrong", 0.0), ("maybe", math.nan), ("", math.nan)])
+def test_verdict_reads_the_first_word_and_never_guesses(reply, expected):
+    assert verdict(reply) == expected or (math.isnan(expected) and math.isnan(verdict(reply)))
+
+
+def test_judge_metrics_count_agreement_on_parsed_verdicts_only():
+    rows = [{"judge": 1.0, "correct": True}, {"judge": 1.0, "correct": False}, {"judge": 0.0, "correct": False},
+            {"judge": math.nan, "correct": True}]
+    assert judge_metrics(rows) == {"judge_accuracy": 2 / 3, "judge_agreement": 2 / 3, "judge_unparsed": 1}
+    assert judge_metrics([{"correct": True}]) == {}  # no judge asked
+
+
+@functools.cache
+def judge_checkpoint() -> Path:
+    """tiny-llama after a short SFT on judge prompts about arith answers (right: yes, a wrong
+    number: no): it replies in the judge's format, which is what this test needs of it."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from models.loading import load_tokenizer
+    from models.presets import materialize
+    from tasks.config import SftStage
+    from tasks.sft import encode_example, train_step
+    from tasks.training import batch_indices, make_optimizer
+
+    tokenizer = load_tokenizer(materialize("tiny-llama"))
+    model = AutoModelForCausalLM.from_pretrained(str(materialize("tiny-llama")))
+    examples = []
+    for task in ARITH.tasks("train", 128, 0):
+        right = ARITH.reference_completion(task)
+        wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
+        for completion, reply in ((right, "yes"), (wrong, "no")):
+            row = {"prompt": task.prompt, "answer": task.answer, "completion": completion}
+            examples.append(encode_example(tokenizer, judge_prompt(row), reply, 256))
+    stage = SftStage(kind="sft", id="j", data="j", max_steps=JUDGE_STEPS, batch_size=16, learning_rate=3e-3)
+    optimizer, scheduler = make_optimizer(model, stage, JUDGE_STEPS)
+    accelerator = Accelerator()
+    model.train()
+    for step in range(JUDGE_STEPS):
+        batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
+        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+    folder = Path(tempfile.mkdtemp(prefix="posttrain-judge-"))
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def test_an_evaluation_graded_by_a_judge_endpoint(tmp_path):
+    from models.config import ModelConfig
+    from models.loading import load_model, load_tokenizer
+    from models.presets import materialize
+    from tasks.evaluate import evaluate_policy
+    from tasks.rollouts import LocalPolicy
+    from test_serve_model import running_server
+
+    folder = judge_checkpoint()
+    try:
+        policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
+        tokenizer = load_tokenizer(materialize("tiny-llama"))
+        with running_server(folder, "judge") as url:
+            stage = EvaluateStage(kind="evaluate", id="e", checkpoints=["c"], envs=["arith"], n=12, max_new_tokens=24,
+                                  sampled=None, judge=Judge(endpoint=url, model="judge"))
+            rows, metrics = evaluate_policy(LocalPolicy(policy_model, tokenizer), tokenizer, ARITH, stage, "c")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert all(row["judge"] in (0.0, 1.0) for row in rows)  # the judge answered in its format every time
+    assert metrics["judge_unparsed"] == 0
+    assert metrics["judge_accuracy"] == round(sum(row["judge"] for row in rows) / len(rows), 4)
+    assert metrics["judge_agreement"] == round(sum(row["judge"] == row["correct"] for row in rows) / len(rows), 4)
+
+
+def test_an_unreachable_judge_is_one_line():
+    from conftest import free_port
+    from models.loading import load_tokenizer
+    from models.presets import materialize
+    from tasks.endpoint_policy import EndpointError
+    from tasks.judge import judge_rows
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(EndpointError) as error:
+        judge_rows([{"prompt": "p", "answer": "1", "completion": "c"}], Judge(endpoint=url, model="judge"),
+                   load_tokenizer(materialize("tiny-llama")))
+    assert str(error.value).startswith(f"{url}: cannot reach the endpoint") and "\n" not in str(error.value)
