@@ -40,3 +40,23 @@ def s3_endpoint():
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="posttrain-test")
     yield endpoint
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_api_server(tmp_path_factory):
+    """One real `prefect server start` on 127.0.0.1 for the whole session, started on first use:
+    a `posttrain run` against a running server starts in ~3 s instead of the ~12 s a temporary
+    (ephemeral) API takes to come up."""
+    from e2e.prefect_server import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("shared-prefect")) as server:
+        yield server
+
+
+@pytest.fixture
+def shared_prefect_api(prefect_api_server, monkeypatch):
+    """This test's subprocesses (`posttrain run`, ...) use the shared server. (This process's own
+    Prefect settings were fixed at import: in-process flows keep the ephemeral API.)"""
+    for key, value in prefect_api_server.items():
+        monkeypatch.setenv(key, value)
+    return prefect_api_server

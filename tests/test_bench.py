@@ -37,7 +37,7 @@ def test_sft_vs_trl_writes_a_well_formed_result(tmp_path):
     assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"]
 
 
-def test_overhead_writes_a_well_formed_result(tmp_path):
+def test_overhead_writes_a_well_formed_result(tmp_path, shared_prefect_api):
     from bench import overhead
     from tests.e2e.helpers import tiny_spec, write
 

@@ -9,7 +9,7 @@ from bench.common import RESULT_KEYS
 from tests.e2e.helpers import tiny_spec
 
 
-def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path):
+def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path, shared_prefect_api):
     from bench import rl_seeds
 
     spec = tiny_spec(f"file://{tmp_path / 'store'}")

@@ -3,8 +3,6 @@ by models.serving on 127.0.0.1 (tiny-llama taught the yes/no format on judge pro
 
 import functools
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,17 +32,11 @@ def test_judge_metrics_count_agreement_on_parsed_verdicts_only():
 def judge_checkpoint() -> Path:
     """tiny-llama after a short SFT on judge prompts about arith answers (right: yes, a wrong
     number: no): it replies in the judge's format, which is what this test needs of it."""
-    from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM
+    from tiny_sft import sft_folder, tiny_llama
 
-    from models.loading import load_tokenizer
-    from models.presets import materialize
-    from tasks.config import SftStage
-    from tasks.sft import encode_example, train_step
-    from tasks.training import batch_indices, make_optimizer
+    from tasks.sft import encode_example
 
-    tokenizer = load_tokenizer(materialize("tiny-llama"))
-    model = AutoModelForCausalLM.from_pretrained(str(materialize("tiny-llama")))
+    model, tokenizer = tiny_llama()
     examples = []
     for task in ARITH.tasks("train", 128, 0):
         right = ARITH.reference_completion(task)
@@ -52,37 +44,24 @@ def judge_checkpoint() -> Path:
         for completion, reply in ((right, "yes"), (wrong, "no")):
             row = {"prompt": task.prompt, "answer": task.answer, "completion": completion}
             examples.append(encode_example(tokenizer, judge_prompt(row), reply, 256))
-    stage = SftStage(kind="sft", id="j", data="j", max_steps=JUDGE_STEPS, batch_size=16, learning_rate=3e-3)
-    optimizer, scheduler = make_optimizer(model, stage, JUDGE_STEPS)
-    accelerator = Accelerator()
-    model.train()
-    for step in range(JUDGE_STEPS):
-        batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
-        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
-    folder = Path(tempfile.mkdtemp(prefix="posttrain-judge-"))
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return sft_folder(model, tokenizer, examples, JUDGE_STEPS, "posttrain-judge-")
 
 
-def test_an_evaluation_graded_by_a_judge_endpoint(tmp_path):
+def test_an_evaluation_graded_by_a_judge_endpoint():
+    from test_serve_model import running_server
+
     from models.config import ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
     from tasks.evaluate import evaluate_policy
     from tasks.rollouts import LocalPolicy
-    from test_serve_model import running_server
 
-    folder = judge_checkpoint()
-    try:
-        policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
-        tokenizer = load_tokenizer(materialize("tiny-llama"))
-        with running_server(folder, "judge") as url:
-            stage = EvaluateStage(kind="evaluate", id="e", checkpoints=["c"], envs=["arith"], n=12, max_new_tokens=24,
-                                  sampled=None, judge=Judge(endpoint=url, model="judge"))
-            rows, metrics = evaluate_policy(LocalPolicy(policy_model, tokenizer), tokenizer, ARITH, stage, "c")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
+    tokenizer = load_tokenizer(materialize("tiny-llama"))
+    with running_server(judge_checkpoint(), "judge") as url:
+        stage = EvaluateStage(kind="evaluate", id="e", checkpoints=["c"], envs=["arith"], n=12, max_new_tokens=24,
+                              sampled=None, judge=Judge(endpoint=url, model="judge"))
+        rows, metrics = evaluate_policy(LocalPolicy(policy_model, tokenizer), tokenizer, ARITH, stage, "c")
     assert all(row["judge"] in (0.0, 1.0) for row in rows)  # the judge answered in its format every time
     assert metrics["judge_unparsed"] == 0
     assert metrics["judge_accuracy"] == round(sum(row["judge"] for row in rows) / len(rows), 4)
@@ -91,6 +70,7 @@ def test_an_evaluation_graded_by_a_judge_endpoint(tmp_path):
 
 def test_an_unreachable_judge_is_one_line():
     from conftest import free_port
+
     from models.loading import load_tokenizer
     from models.presets import materialize
     from tasks.endpoint_policy import EndpointError

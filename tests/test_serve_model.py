@@ -2,13 +2,10 @@
 to with the official `openai` client. Through the endpoint, greedy decoding gives exactly what
 in-process decoding gives: the same completions, so the same accuracy."""
 
-import atexit
 import functools
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -16,8 +13,8 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from conftest import ROOT, free_port
+
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.calc import CalcEnv, CalcEnvConfig
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
@@ -33,34 +30,17 @@ def trained_checkpoint() -> Path:
     """tiny-llama after a short SFT on one-digit arith and calc oracle traces, saved with its tokenizer
     (a checkpoint folder): it answers in format, ends on its own and makes calc tool calls, so the
     endpoint's stop strings, end token and multi-turn continuation are all exercised."""
-    from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM
+    from tiny_sft import sft_folder, tiny_llama
 
-    from models.loading import load_tokenizer
-    from models.presets import materialize
-    from tasks.config import SftStage
-    from tasks.sft import encode_example, encode_row, train_step
+    from tasks.sft import encode_example, encode_row
     from tasks.synthesize import multi_turn_rows
-    from tasks.training import batch_indices, make_optimizer
 
-    tokenizer = load_tokenizer(materialize("tiny-llama"))
-    model = AutoModelForCausalLM.from_pretrained(str(materialize("tiny-llama")))
+    model, tokenizer = tiny_llama()
     examples = [encode_example(tokenizer, t.prompt, ARITH.reference_completion(t), 128)
                 for t in ARITH.tasks("train", 256, 0)]
     examples += [encode_row(tokenizer, row, 256) for row in multi_turn_rows(CALC, "calc", CALC.tasks("train", 256, 0),
                                                                             tokenizer)[0]]
-    stage = SftStage(kind="sft", id="t", data="t", max_steps=SFT_STEPS, batch_size=16, learning_rate=3e-3)
-    optimizer, scheduler = make_optimizer(model, stage, SFT_STEPS)
-    accelerator = Accelerator()
-    model.train()
-    for step in range(SFT_STEPS):
-        batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
-        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
-    folder = Path(tempfile.mkdtemp(prefix="posttrain-served-"))
-    atexit.register(shutil.rmtree, folder, True)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return sft_folder(model, tokenizer, examples, SFT_STEPS, "posttrain-served-")
 
 
 @contextmanager

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-
 from conftest import free_port
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -36,11 +35,7 @@ def prefect_server(home: Path):
         yield {"PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
                "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop(server)
         log.close()
 
 
