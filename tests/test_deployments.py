@@ -225,3 +225,19 @@ def test_prefect_yaml_declares_the_three_deployments_and_the_served_trigger(name
         assert getattr(declared, field) == getattr(served, field), field
     assert by_name["post-train"]["schedules"][0]["cron"] == "0 2 * * *"
     assert len({d["work_pool"]["name"] for d in document["deployments"]}) == 1
+
+
+def test_posttrain_serve_builds_the_trigger_and_a_scheduled_pipeline():
+    """What `posttrain serve --spec SPEC --cron CRON` serves: evaluate-on-checkpoint with the
+    checkpoint trigger, and the pipeline as post-train/served on that cron schedule."""
+    from flows.triggers import deployments
+
+    evaluate, pipeline = deployments("pipelines/quickstart.yaml", "0 2 * * *", "file:///tmp/store")
+    assert (evaluate.flow_name, evaluate.name) == ("evaluate", "evaluate-on-checkpoint")
+    [trigger] = evaluate.triggers
+    assert trigger.expect == {"posttrain.checkpoint.created"}
+    assert trigger.parameters["checkpoint_ref"] == "{{ event.payload.ref }}"
+    assert (pipeline.flow_name, pipeline.name) == ("post-train", "served")
+    assert pipeline.parameters == {"spec": "pipelines/quickstart.yaml", "store": "file:///tmp/store"}
+    [schedule] = pipeline.schedules
+    assert schedule.schedule.cron == "0 2 * * *"
