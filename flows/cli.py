@@ -41,6 +41,9 @@ def cmd_run(args) -> int:
                         "but PREFECT_API_URL is not set")
 
     from flows.post_train import INLINE_EVALUATION, new_run_id, post_train, save_spec
+    from tasks.runner import warm_up
+
+    warm_up()  # the stages' imports load while Prefect starts
 
     spec_hash = save_spec(store, text)
     run_id = new_run_id(spec.name)

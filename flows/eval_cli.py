@@ -8,7 +8,10 @@ from flows.evaluate import evaluate, plan_evaluation
 
 def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
     """Check the inputs (EvaluationInputError: one line), run the flow, print the metrics; exit code."""
+    from tasks.runner import warm_up
+
     plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens)
+    warm_up()  # the stage's imports load while Prefect starts
     print(f"evaluating {ref} on {', '.join(plan.stage.envs)} (n={plan.stage.n}, store {store.uri})", flush=True)
     state = evaluate(checkpoint_ref=ref, store=store.uri, storage_options=store.storage_options, envs=envs, n=n,
                      max_new_tokens=max_new_tokens, return_state=True)

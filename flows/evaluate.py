@@ -27,7 +27,7 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, parse_spec
 from flows.stage_requests import stage_request, stage_task_options
 from tasks.config import EvaluateStage
-from tasks.runner import run_stage
+from tasks.runner import run_stage, warm_up
 
 TIMEOUT_GRACE_SECONDS = 60
 
@@ -112,6 +112,7 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     `storage_options` may come as JSON text (how a trigger's template renders the event's dict).
     """
     logger = get_run_logger()
+    warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")
     artifact_store = Store(store, storage_options)

@@ -19,7 +19,7 @@ from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
 from flows.stage_flow import submit_stage
 from flows.stage_requests import stage_request, stage_task_options
 from tasks.config import PRIMARY_OUTPUT
-from tasks.runner import cached_result, code_version, run_stage
+from tasks.runner import cached_result, code_version, run_stage, warm_up
 
 # The stage's own timeout kills its child process and names the stage; Prefect's task timeout
 # is a backstop a little later (it also covers the cache lookup and the commit).
@@ -56,6 +56,7 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
     already saved its text under `spec_hash`); `store` overrides the spec's store.
     """
     logger = get_run_logger()
+    warm_up()
     if isinstance(spec, str):
         pipeline, text = load_spec(spec)
         artifact_store = Store(store or pipeline.store, pipeline.storage_options)

@@ -25,15 +25,24 @@ STAGE_MODULES = {"synthesize": "tasks.synthesize", "generate": "tasks.generate",
                  "preference": "tasks.preference", "rl": "tasks.rl", "evaluate": "tasks.evaluate"}
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Die when the orchestrator dies (SIGKILL included): no orphaned training."""
+def _exit_with(orchestrator: int) -> None:
+    """Die when the orchestrator dies (SIGKILL included): no orphaned training. A forked stage's
+    parent is the fork server, which outlives the orchestrator while it has children, so the
+    watch is on the orchestrator's pid itself (gone, or a zombie nobody reaped yet)."""
     def watch():
-        while True:
-            if os.getppid() != parent:
-                os._exit(137)
+        while _alive(orchestrator):
             time.sleep(0.5)
+        os._exit(137)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def _use_cpu_without_cuda() -> None:
@@ -103,9 +112,9 @@ def execute(request: dict) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], orchestrator: int | None = None) -> int:
     request_path, result_path = Path(argv[0]), Path(argv[1])
-    _exit_with_parent(os.getppid())
+    _exit_with(orchestrator or os.getppid())
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -121,6 +130,16 @@ def main(argv: list[str]) -> int:
     if os.environ.get("RANK", "0") == "0":
         result_path.write_text(json.dumps(result, default=str))
     return code
+
+
+def forked_main(request_path: str, result_path: str, env: dict, cwd: str, orchestrator: int) -> None:
+    """Entry point in a process forked from the runner's warm fork server (tasks/runner.py): the
+    same as `python -m tasks.child`, with the environment and working folder a fresh process
+    would have had."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.exit(main([request_path, result_path], orchestrator))
 
 
 if __name__ == "__main__":

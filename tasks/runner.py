@@ -117,8 +117,7 @@ def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: 
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         announcements = Announcements(Path(tmp) / "checkpoints.jsonl", on_checkpoint)
         request_path.write_text(json.dumps({**request, "announce_path": str(announcements.path)}))
-        process = subprocess.Popen(child_command(request["gpus"], request_path, result_path), cwd=str(ROOT),
-                                   env=_child_env(), preexec_fn=_die_with_parent if request["gpus"] > 1 else None)
+        process = start_child(request["gpus"], request_path, result_path)
         deadline = time.monotonic() + timeout
         try:
             while process.poll() is None:
@@ -128,23 +127,88 @@ def run_in_child(request: dict, timeout: float, on_checkpoint=lambda ref, step: 
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
             if process.poll() is None:  # a launcher's processes exit when it does (tasks/child.py)
-                process.send_signal(signal.SIGKILL)
-                process.wait()
+                process.kill()
             announcements.drain()
         if not result_path.exists():
-            raise StageFailed(f"stage {request['stage']['id']!r} died (exit code {process.returncode})")
+            raise StageFailed(f"stage {request['stage']['id']!r} died (exit code {process.poll()})")
         result = json.loads(result_path.read_text())
     if "error" in result:
         raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
     return {**result, "checkpoints": announcements.refs}
 
 
+# What every stage child imports (~12 s on this 2-core machine): the fork server imports it once
+# per orchestrator process, and each stage starts as a fork of it in a fraction of a second.
+WARM_MODULES = ["torch", "transformers", "peft", "accelerate", "great_expectations", "tasks.child", "tasks.sft",
+                "tasks.preference", "tasks.rl", "tasks.generate", "tasks.synthesize", "tasks.evaluate"]
+
+
+class ForkedChild:
+    """The stage in a process forked from the warm fork server: `tasks.child.forked_main`, with
+    the environment and working folder `python -m tasks.child` would get."""
+
+    def __init__(self, request_path: Path, result_path: Path):
+        from tasks.child import forked_main
+
+        self.process = _fork_server().Process(target=forked_main, args=(str(request_path), str(result_path),
+                                                                         _child_env(), str(ROOT), os.getpid()))
+        self.process.start()
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+
+
+class LaunchedChild:
+    """The stage under `accelerate launch` (one process per GPU)."""
+
+    def __init__(self, gpus: int, request_path: Path, result_path: Path):
+        self.process = subprocess.Popen(child_command(gpus, request_path, result_path), cwd=str(ROOT),
+                                        env=_child_env(), preexec_fn=_die_with_parent)
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+def start_child(gpus: int, request_path: Path, result_path: Path):
+    return LaunchedChild(gpus, request_path, result_path) if gpus > 1 else ForkedChild(request_path, result_path)
+
+
+@lru_cache(maxsize=1)
+def _fork_server():
+    """multiprocessing's fork server, preloaded with WARM_MODULES: a clean single-threaded process
+    (not this one, which runs Prefect's threads) that every stage is forked from. It exits with
+    this process; its children exit with it (their parent watchdog, tasks/child.py)."""
+    import multiprocessing
+
+    # read by huggingface_hub and transformers when they are imported, i.e. in the fork server
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WARM_MODULES)
+    return context
+
+
+def warm_up() -> None:
+    """Start the fork server now: it imports WARM_MODULES in the background (~10 s) while the
+    caller starts Prefect, so the first stage does not wait for them."""
+    from multiprocessing import forkserver
+
+    _fork_server()
+    forkserver.ensure_running()
+
+
 def child_command(gpus: int, request_path: Path, result_path: Path) -> list[str]:
-    """`python -m tasks.child`; a multi-GPU stage (gpus > 1) runs it once per GPU under
-    `accelerate launch` (DDP: each process trains on its share of every batch, rank 0 commits)."""
+    """A multi-GPU stage (gpus > 1) runs `tasks.child` once per GPU under `accelerate launch`
+    (DDP: each process trains on its share of every batch, rank 0 commits)."""
     child = ["-m", "tasks.child", str(request_path), str(result_path)]
-    if gpus <= 1:
-        return [sys.executable, *child]
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(_free_port()), *child]
