@@ -29,7 +29,6 @@ from flows.stage_requests import stage_request, stage_task_options
 from tasks.config import EvaluateStage
 from tasks.runner import run_stage, warm_up
 
-TIMEOUT_GRACE_SECONDS = 60
 
 
 class EvaluationInputError(Exception):
@@ -117,7 +116,7 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
         storage_options = json.loads(storage_options or "{}")
     artifact_store = Store(store, storage_options)
     plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
-    options = stage_task_options(plan.spec, plan.stage, f"evaluate {plan.label}", TIMEOUT_GRACE_SECONDS)
+    options = stage_task_options(plan.spec, plan.stage, f"evaluate {plan.label}")
     state = run_stage.with_options(**options)(plan.request, plan.spec.resolved(plan.stage).timeout_seconds,
                                               return_state=True)
     result = state.result()  # raises the stage's error: the flow run fails with it

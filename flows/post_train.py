@@ -21,9 +21,6 @@ from flows.stage_requests import stage_request, stage_task_options
 from tasks.config import PRIMARY_OUTPUT
 from tasks.runner import cached_result, code_version, run_stage, warm_up
 
-# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
-# is a backstop a little later (it also covers the cache lookup and the commit).
-TIMEOUT_GRACE_SECONDS = 60
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
 
@@ -81,7 +78,7 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
         request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=artifact_store,
                                 run_id=run_id, spec_hash=spec_hash)
         stage_began = time.monotonic()
-        record = run_one_stage(pipeline, stage, request, run_id)
+        record = run_one_stage(pipeline, stage, request, artifact_store)
         if record["state"] != "failed":
             output_of[stage.id] = record["outputs"][PRIMARY_OUTPUT[stage.kind]]
             logger.info(f"{stage.id}: {record['state']} -> {', '.join(record['outputs'].values())}")
@@ -103,10 +100,10 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
     return summary
 
 
-def run_one_stage(pipeline: PipelineSpec, stage, request: dict, run_id: str) -> dict:
+def run_one_stage(pipeline: PipelineSpec, stage, request: dict, artifact_store: Store) -> dict:
     """Run a stage here or on a worker (`workers.deployment`); returns its summary record, with the
     checkpoints it committed in this run under `new_checkpoints`."""
-    options = stage_task_options(pipeline, stage, stage.id, TIMEOUT_GRACE_SECONDS)
+    options = stage_task_options(pipeline, stage, stage.id)
     timeout = pipeline.resolved(stage).timeout_seconds
     record = {"id": stage.id, "kind": stage.kind, "cache_key": request["cache_key"], "new_checkpoints": []}
     if pipeline.workers is None:
@@ -117,12 +114,12 @@ def run_one_stage(pipeline: PipelineSpec, stage, request: dict, run_id: str) -> 
     else:
         job_variables = {**pipeline.workers.job_variables, **stage_job_variables(pipeline, stage)}
         flow_run = submit_stage(pipeline.workers.deployment, request, timeout, options, job_variables,
-                                f"{run_id}-{stage.id}")
-        result = cached_result(Store(request["store"], request["storage_options"]), request["cache_key"])
+                                f"{request['run_id']}-{stage.id}")
+        result = cached_result(artifact_store, request["cache_key"])
         if not flow_run.state.is_completed() or result is None:
             error = flow_run.state.message or flow_run.state.name
             return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": f"flow run {flow_run.name}: {error}"}
-        cached = result["run_id"] != run_id
+        cached = result["run_id"] != request["run_id"]
     return {**record, "state": "cached" if cached else "completed", "outputs": result["outputs"],
             "metrics": result["metrics"], "compute_seconds": result.get("compute_seconds"),
             "new_checkpoints": [] if cached else result.get("checkpoints", [])}

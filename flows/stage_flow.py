@@ -13,8 +13,6 @@ from prefect import flow
 
 from tasks.runner import run_stage
 
-TIMEOUT_GRACE_SECONDS = 60
-
 
 @flow(name="post-train-stage")
 def stage_flow(request: dict, timeout_seconds: float, task_options: dict) -> dict:

@@ -38,9 +38,14 @@ def stage_tags(spec: PipelineSpec, stage) -> list[str]:
     return ["posttrain", f"pipeline:{spec.name}", f"kind:{stage.kind}", "gpu" if gpus else "cpu"]
 
 
-def stage_task_options(spec: PipelineSpec, stage, task_run_name: str, grace_seconds: float) -> dict:
+# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
+# is a backstop a little later (it also covers the cache lookup and the commit).
+TIMEOUT_GRACE_SECONDS = 60
+
+
+def stage_task_options(spec: PipelineSpec, stage, task_run_name: str) -> dict:
     """`run_stage.with_options(...)` for this stage: its retries, delay, timeout (+ grace) and tags."""
     resolved = spec.resolved(stage)
     return {"name": stage.kind, "task_run_name": task_run_name, "retries": resolved.retries,
             "retry_delay_seconds": resolved.retry_delay_seconds,
-            "timeout_seconds": resolved.timeout_seconds + grace_seconds, "tags": stage_tags(spec, stage)}
+            "timeout_seconds": resolved.timeout_seconds + TIMEOUT_GRACE_SECONDS, "tags": stage_tags(spec, stage)}

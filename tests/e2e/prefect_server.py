@@ -80,6 +80,29 @@ def latest_artifact(api: str, key: str) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def stop_when_idle(process: subprocess.Popen, timeout: float = 60) -> str:
+    """Stop a runner or worker once its flow-run processes have exited (or after `timeout`). A
+    flow run reports Completed before its process exits, and a runner stopped in between
+    cancels the run with force: Completed would turn Cancelled."""
+    deadline = time.monotonic() + timeout
+    while children(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return stop(process)
+
+
 def stop(process: subprocess.Popen) -> str:
     """SIGTERM a started CLI (its process group); returns what it printed."""
     if process.poll() is None:

@@ -20,7 +20,7 @@ import pytest
 from conftest import POSTTRAIN, ROOT
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
-                                stop, wait_until)
+                                stop_when_idle, wait_until)
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
 
@@ -71,7 +71,7 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
                        lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
                                f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
         finally:
-            log = stop(serve)
+            log = stop_when_idle(serve)
         created = events(api, "posttrain.checkpoint.created")
         assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
             sorted(f"posttrain.checkpoint.{ref}" for ref in checkpoints)
@@ -80,7 +80,7 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
         assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 4, 8]
         runs = flow_runs(api, "evaluate")
         assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), log
-        assert all(r["state_type"] == "COMPLETED" for r in runs)
+        assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
         assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
         for checkpoint in checkpoints:
             assert len(eval_results(store, checkpoint)) == 1
@@ -120,7 +120,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
             wait_until(lambda: completed(api, "evaluate"), 600,
                        lambda: f"no evaluation: {(tmp_path / 'worker.log').read_text()[-4000:]}", interval=3)
         finally:
-            stop(worker)
+            stop_when_idle(worker)
         stages = completed(api, "post-train-stage")
         assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
@@ -136,7 +136,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         try:
             again = posttrain("run", path, "--summary-json", tmp_path / "again.json", env=server)
         finally:
-            stop(worker)
+            stop_when_idle(worker)
         assert again.returncode == 0, again.stdout[-3000:] + (tmp_path / "worker2.log").read_text()[-3000:]
         assert {s["id"]: s["state"] for s in summary(tmp_path / "again.json")["stages"]} == \
             {"warmup": "cached", "sft": "cached"}
