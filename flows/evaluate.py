@@ -30,7 +30,6 @@ from tasks.config import EvaluateStage
 from tasks.runner import run_stage, warm_up
 
 
-
 class EvaluationInputError(Exception):
     """The checkpoint, store or settings of an evaluation are unusable; str() is one line."""
 
