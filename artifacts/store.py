@@ -71,7 +71,10 @@ class Store:
         if "://" not in uri:
             uri = "file://" + os.path.abspath(uri)
         self.uri = uri.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(self.uri, **self.storage_options)
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.uri, **self.storage_options)
+        except Exception as exc:  # an unknown protocol, a missing driver, options the driver refuses
+            raise StoreError(f"cannot open {self.uri}: {first_line(exc)}") from None
         self.protocol = self.uri.split("://", 1)[0]
         self.root = root.rstrip("/")
         self.local = self.protocol == "file"
@@ -95,7 +98,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:  # network, permissions, endpoint
-            raise StoreError(f"cannot reach {self.uri}: {type(exc).__name__}: {_first_line(exc)}") from None
+            raise StoreError(f"cannot reach {self.uri}: {type(exc).__name__}: {first_line(exc)}") from None
 
     # -- small objects -----------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
@@ -270,6 +273,7 @@ def _local_temp_copy(path: str, data: bytes) -> str:
     return tmp
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+def first_line(error: BaseException | str) -> str:
+    """The first line of an error's message ("" if it has none)."""
+    text = str(error).strip().splitlines()
     return text[0] if text else ""

@@ -40,7 +40,8 @@ def cmd_run(args) -> int:
         raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "
                         "but PREFECT_API_URL is not set")
 
-    from flows.post_train import INLINE_EVALUATION, new_run_id, post_train, save_spec
+    from flows.post_train import INLINE_EVALUATION, post_train, save_spec
+    from flows.stage_requests import new_run_id
     from tasks.runner import warm_up
 
     warm_up()  # the stages' imports load while Prefect starts

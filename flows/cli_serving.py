@@ -31,7 +31,8 @@ def cmd_eval(args) -> int:
 def _eval_endpoint(args) -> int:
     from flows.eval_cli import run_endpoint_eval
     from flows.evaluate import EvaluationInputError
-    from tasks.endpoint_policy import EndpointError
+    from artifacts.store import first_line
+    from tasks.endpoint_policy import EndpointConfigError, EndpointError
 
     if args.ref:
         raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")
@@ -40,8 +41,8 @@ def _eval_endpoint(args) -> int:
     spec, _ = open_spec(args.spec)
     try:
         return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model)
-    except (EvaluationInputError, EndpointError) as exc:
-        raise UserError(str(exc).splitlines()[0]) from None
+    except (EvaluationInputError, EndpointError, EndpointConfigError) as exc:
+        raise UserError(first_line(exc)) from None
 
 
 def cmd_serve(args) -> int:
@@ -61,9 +62,8 @@ def cmd_serve(args) -> int:
 def cmd_serve_model(args) -> int:
     from flows.serve_model_cli import ServeModelInputError, serve_model
 
-    store = open_store(args.store)
     try:
-        return serve_model(args.ref, store.uri, args.host, args.port, args.name)
+        return serve_model(args.ref, args.store, args.host, args.port, args.name)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from artifacts.store import Store
-from flows.evaluate import evaluate, plan_evaluation
+from flows.evaluate import evaluate, evaluation_stage, plan_evaluation, with_envs
+from flows.stage_requests import state_error
 
 
 def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
@@ -16,10 +17,7 @@ def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_
     state = evaluate(checkpoint_ref=ref, store=store.uri, storage_options=store.storage_options, envs=envs, n=n,
                      max_new_tokens=max_new_tokens, return_state=True)
     if not state.is_completed():
-        try:
-            state.result()
-        except Exception as exc:
-            print(f"evaluation of {ref} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        print(f"evaluation of {ref} failed: {state_error(state)}")
         return 1
     result = state.result()
     print(f"\n{ref}: {result['state']}  results {result['results']}  report {result['report']}")
@@ -33,17 +31,12 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     of `spec`, exactly as a checkpoint is evaluated (same tasks, greedy, same metrics); prints them.
     Nothing is committed: the store holds checkpoints' evaluations, and this model is not one."""
     from envs.loader import make_env
-    from flows.evaluate import with_envs
     from models.loading import load_tokenizer, resolve_base
-    from tasks.config import EvaluateStage
     from tasks.endpoint_policy import EndpointPolicy
     from tasks.evaluate import evaluate_policy
 
     spec, env_ids = with_envs(spec, envs)
-    settings = spec.evaluation
-    stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[model], envs=env_ids, n=n or settings.n,
-                          max_new_tokens=max_new_tokens or settings.max_new_tokens, batch_size=settings.batch_size,
-                          sampled=settings.sampled, judge=settings.judge, seed=settings.seed)
+    stage = evaluation_stage(spec, env_ids, model, n, max_new_tokens)
     tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
     policy = EndpointPolicy(endpoint, model, tokenizer)
     print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)

@@ -12,11 +12,8 @@ leaderboard is published as a Prefect table artifact.
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
-import yaml
 from prefect import flow, get_run_logger
 
 from artifacts.refs import BadRef, Ref
@@ -24,8 +21,8 @@ from artifacts.store import Store, StoreError
 from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
 from flows.report_artifacts import publish_reports
-from flows.spec import PipelineSpec, SpecError, parse_spec
-from flows.stage_requests import stage_request, stage_task_options
+from flows.spec import PipelineSpec, SpecError, checkpoint_spec
+from flows.stage_requests import new_run_id, stage_request, stage_task_options
 from tasks.config import EvaluateStage
 from tasks.runner import run_stage, warm_up
 
@@ -48,15 +45,14 @@ def checkpoint_label(ref: Ref, pipeline: str) -> str:
 
 
 def load_checkpoint_spec(store: Store, manifest: dict) -> PipelineSpec:
-    """The spec the checkpoint was made from (kept in the store by every run)."""
-    spec_hash = manifest["producer"].get("spec")
-    if not spec_hash:
-        raise EvaluationInputError(f"ref: {manifest['ref']} records no spec to take its envs from")
-    text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
+    """The spec the checkpoint was made from, for its envs and evaluation settings."""
     try:
-        return parse_spec(yaml.safe_load(text))
+        spec = checkpoint_spec(store, manifest)
     except SpecError as exc:
-        raise EvaluationInputError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
+        raise EvaluationInputError(str(exc)) from None
+    if spec is None:
+        raise EvaluationInputError(f"ref: {manifest['ref']} records no spec to take its envs from")
+    return spec
 
 
 def with_envs(spec: PipelineSpec, envs: list[str] | None) -> tuple[PipelineSpec, list[str]]:
@@ -75,6 +71,17 @@ def with_envs(spec: PipelineSpec, envs: list[str] | None) -> tuple[PipelineSpec,
     return spec.model_copy(update={"envs": {**spec.envs, **extra}}), list(envs)
 
 
+def evaluation_stage(spec: PipelineSpec, env_ids: list[str], checkpoint: str, n: int | None,
+                     max_new_tokens: int | None) -> EvaluateStage:
+    """An evaluate stage over one checkpoint with the spec's `evaluation:` settings (n and
+    max_new_tokens overridable)."""
+    settings = spec.evaluation
+    return EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[checkpoint], envs=env_ids,
+                         n=n or settings.n, max_new_tokens=max_new_tokens or settings.max_new_tokens,
+                         batch_size=settings.batch_size, sampled=settings.sampled, judge=settings.judge,
+                         seed=settings.seed)
+
+
 def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None = None, n: int | None = None,
                     max_new_tokens: int | None = None, run_id: str | None = None) -> EvaluationPlan:
     """Check the inputs and build the evaluate request; EvaluationInputError on bad input."""
@@ -90,14 +97,9 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
     except StoreError as exc:
         raise EvaluationInputError(f"ref: {exc}") from None
     spec, env_ids = with_envs(spec, envs)
-    settings = spec.evaluation
     label = checkpoint_label(ref, spec.name)
-    stage = EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[label], envs=env_ids,
-                          n=n or settings.n, max_new_tokens=max_new_tokens or settings.max_new_tokens,
-                          batch_size=settings.batch_size, sampled=settings.sampled, judge=settings.judge,
-                          seed=settings.seed)
-    run_id = run_id or f"eval-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    request = stage_request(spec, stage, {label: str(ref)}, store=store, run_id=run_id,
+    stage = evaluation_stage(spec, env_ids, label, n, max_new_tokens)
+    request = stage_request(spec, stage, {label: str(ref)}, store=store, run_id=run_id or new_run_id("eval"),
                             spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")
     return EvaluationPlan(spec, stage, request, label)
 

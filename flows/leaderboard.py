@@ -7,31 +7,32 @@ is the same whichever process or machine evaluated what.
 
 from __future__ import annotations
 
-import re
-
 from artifacts.store import MANIFEST, Store
+from flows.report_artifacts import prefect_key
 
 COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")
 
 
-def evaluation_manifests(store: Store, pipeline: str) -> list[dict]:
-    manifests = []
+def committed_manifests(store: Store, pipeline: str) -> dict[str, dict]:
+    """{ref: manifest} of every committed version of the pipeline's artifacts."""
+    manifests = {}
     for name in store.listdir(store.path("artifacts", pipeline)):
         for version in store.listdir(store.path("artifacts", pipeline, name)):
             path = store.path("artifacts", pipeline, name, version, MANIFEST)
-            if not store.exists(path):
-                continue  # not committed
-            manifest = store.read_json(path)
-            if manifest["kind"] == "dataset" and manifest["producer"].get("stage_kind") == "evaluate":
-                manifests.append(manifest)
+            if store.exists(path):  # else not committed
+                manifest = store.read_json(path)
+                manifests[manifest["ref"]] = manifest
     return manifests
 
 
 def evaluations(store: Store, pipeline: str) -> list[dict]:
     """One row per (checkpoint ref, env, n): its metrics, the evaluation's ref, and the checkpoint's
     run and creation time; the newest evaluation wins when settings repeat."""
+    manifests = committed_manifests(store, pipeline)
+    evaluated = [m for m in manifests.values()
+                 if m["kind"] == "dataset" and m["producer"].get("stage_kind") == "evaluate"]
     rows: dict[tuple, dict] = {}
-    for manifest in sorted(evaluation_manifests(store, pipeline), key=lambda m: m["created"]):
+    for manifest in sorted(evaluated, key=lambda m: m["created"]):
         for key, checkpoint in manifest["inputs"].items():
             by_env = manifest["metrics"].get(key)
             if not isinstance(by_env, dict):
@@ -39,7 +40,8 @@ def evaluations(store: Store, pipeline: str) -> list[dict]:
             for env_id, metrics in by_env.items():
                 rows[(checkpoint, env_id, metrics["n"])] = {"checkpoint": checkpoint, "env": env_id, **metrics,
                                                             "evaluation": manifest["ref"]}
-    checkpoints = {row["checkpoint"]: store.manifest(row["checkpoint"]) for row in rows.values()}
+    checkpoints = {row["checkpoint"]: manifests.get(row["checkpoint"]) or store.manifest(row["checkpoint"])
+                   for row in rows.values()}
     for row in rows.values():
         producer = checkpoints[row["checkpoint"]]["producer"]
         row.update(run_id=producer.get("run_id"), created=checkpoints[row["checkpoint"]]["created"])
@@ -56,27 +58,31 @@ def leaderboard_table(rows: list[dict]) -> list[dict]:
     return list(table.values())
 
 
-def leaderboard_key(pipeline: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-leaderboard".lower()).strip("-")
-
-
 def publish_leaderboard(store: Store, pipeline: str, attempts: int = 3) -> str | None:
     """Publish the pipeline's leaderboard as a Prefect table artifact (inside a flow or task run).
 
     Evaluations finishing at the same time could publish out of order, the latest artifact
     missing a row; each publisher reads the store again after publishing and republishes if it
-    changed, so the last one published holds every evaluation committed before it.
+    changed, so the last one published holds every evaluation committed before it. Like a
+    report, a leaderboard that cannot be published is logged, not raised: the evaluation is
+    committed, and a display problem must not fail its run.
     """
+    from prefect import get_run_logger
     from prefect.artifacts import create_table_artifact
 
-    key, table = leaderboard_key(pipeline), leaderboard_table(evaluations(store, pipeline))
-    for _ in range(attempts):
-        if not table:
-            return None
-        create_table_artifact(table=table, key=key,
-                              description=f"every evaluated checkpoint of pipeline {pipeline} ({store.uri})")
-        latest = leaderboard_table(evaluations(store, pipeline))
-        if latest == table:
-            break
-        table = latest
+    key = prefect_key(pipeline, "leaderboard")
+    try:
+        table = leaderboard_table(evaluations(store, pipeline))
+        for _ in range(attempts):
+            if not table:
+                return None
+            create_table_artifact(table=table, key=key,
+                                  description=f"every evaluated checkpoint of pipeline {pipeline} ({store.uri})")
+            latest = leaderboard_table(evaluations(store, pipeline))
+            if latest == table:
+                break
+            table = latest
+    except Exception as exc:
+        get_run_logger().warning(f"leaderboard {key} not published: {type(exc).__name__}: {exc}")
+        return None
     return key

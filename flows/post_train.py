@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
 import time
-from datetime import datetime, timezone
 
 from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_API_URL
@@ -17,16 +15,12 @@ from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
 from flows.stage_flow import submit_stage
-from flows.stage_requests import stage_request, stage_task_options
+from flows.stage_requests import new_run_id, stage_request, stage_task_options, state_error
 from tasks.config import PRIMARY_OUTPUT
 from tasks.runner import cached_result, code_version, run_stage, warm_up
 
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
-
-
-def new_run_id(pipeline: str) -> str:
-    return f"{pipeline}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
 def ephemeral() -> bool:
@@ -109,7 +103,7 @@ def run_one_stage(pipeline: PipelineSpec, stage, request: dict, artifact_store: 
     if pipeline.workers is None:
         state = run_stage.with_options(**options)(request, timeout, return_state=True)
         if not state.is_completed():
-            return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": _state_error(state)}
+            return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": state_error(state)}
         result, cached = state.result(), state.name == "Cached"
     else:
         job_variables = {**pipeline.workers.job_variables, **stage_job_variables(pipeline, stage)}
@@ -130,14 +124,7 @@ def evaluate_inline(checkpoint_ref: str, store: Store) -> dict:
     state = evaluate(checkpoint_ref=checkpoint_ref, store=store.uri, storage_options=store.storage_options,
                      return_state=True)
     if not state.is_completed():
-        get_run_logger().error(f"evaluation of {checkpoint_ref} failed: {_state_error(state)}")
-        return {"checkpoint": checkpoint_ref, "state": "failed", "error": _state_error(state)}
+        error = state_error(state)
+        get_run_logger().error(f"evaluation of {checkpoint_ref} failed: {error}")
+        return {"checkpoint": checkpoint_ref, "state": "failed", "error": error}
     return state.result()
-
-
-def _state_error(state) -> str:
-    try:
-        state.result()
-    except Exception as exc:  # the task's final exception
-        return f"{exc}".splitlines()[0] if str(exc) else type(exc).__name__
-    return state.message or state.name

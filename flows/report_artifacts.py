@@ -24,9 +24,13 @@ def report_refs(outputs: dict[str, str]) -> list[Ref]:
     return [ref for ref in refs if ref.name.endswith(REPORT_SUFFIX)]
 
 
+def prefect_key(*parts: str) -> str:
+    """An artifact key of `parts`: Prefect wants lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+
+
 def artifact_key(pipeline: str, stage_id: str) -> str:
-    """Prefect wants keys of lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-{stage_id}-report".lower()).strip("-")
+    return prefect_key(pipeline, stage_id, "report")
 
 
 def version_uri(store: Store, ref: Ref) -> str:

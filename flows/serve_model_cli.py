@@ -3,6 +3,8 @@
 The checkpoint is fetched from the store (read in place from a local store) and served by
 models/serving.py under the ref's name unless told otherwise, so that a client, a teacher spec
 (`teacher: {endpoint, model: REF}`) or an EndpointPolicy names exactly the artifact it talks to.
+It loads with the model config of the spec it was made from (dtype, LoRA base), as the
+pipeline's own evaluation loads it.
 """
 
 from __future__ import annotations
@@ -10,42 +12,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from artifacts.refs import BadRef, Ref
-from artifacts.store import Store, StoreError
+from artifacts.store import Store, StoreError, first_line
+from flows.spec import SpecError, checkpoint_spec
+from models.config import ModelConfig
 
 
 class ServeModelInputError(Exception):
-    """Bad input to serve-model (ref, store); str() is the one-line message."""
+    """Bad input to serve-model (ref, store, port); str() is the one-line message."""
 
 
 def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None) -> int:
     """Fetch the checkpoint and serve it until interrupted; exit code."""
     from models.serving import ListenError, serve
 
-    folder = fetch_checkpoint(ref, store_uri)
+    folder, model = fetch_checkpoint(parse_ref(ref), open_store(store_uri))
     try:
-        serve(folder, name or ref, host=host, port=port)
+        serve(folder, name or ref, host=host, port=port, model=model)
     except ListenError as exc:
         raise ServeModelInputError(f"port: {exc}") from None
     return 0
 
 
-def fetch_checkpoint(ref: str, store_uri: str) -> Path:
-    """The local folder of a committed checkpoint; ServeModelInputError naming the field otherwise."""
+def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
+    """The local folder of a committed checkpoint and its spec's model config (None when its
+    producer records no spec); ServeModelInputError naming the field otherwise."""
     try:
-        parsed = Ref.parse(ref)
-    except BadRef as exc:
-        raise ServeModelInputError(f"ref: {exc}") from None
-    store = open_store(store_uri)
-    try:
-        kind = store.manifest(parsed).get("kind")
-        if kind != "checkpoint":
-            raise ServeModelInputError(f"ref: {parsed} is a {kind}, not a checkpoint")
-        return store.fetch(parsed)
+        manifest = store.manifest(ref)
+        if manifest["kind"] != "checkpoint":
+            raise ServeModelInputError(f"ref: {ref} is a {manifest['kind']}, not a checkpoint")
+        spec = checkpoint_spec(store, manifest)
+        return store.fetch(ref), spec.model if spec else None
     except StoreError as exc:
         raise ServeModelInputError(f"ref: {exc}") from None
+    except SpecError as exc:
+        raise ServeModelInputError(f"ref: {exc}") from None
     except OSError as exc:  # a remote store that fails mid-copy
-        raise ServeModelInputError(f"store: cannot read {parsed} from {store.uri} ({type(exc).__name__}: "
+        raise ServeModelInputError(f"store: cannot read {ref} from {store.uri} ({type(exc).__name__}: "
                                    f"{first_line(exc)})") from None
+
+
+def parse_ref(text: str) -> Ref:
+    try:
+        return Ref.parse(text)
+    except BadRef as exc:
+        raise ServeModelInputError(f"ref: {exc}") from None
 
 
 def open_store(store_uri: str) -> Store:
@@ -54,12 +64,4 @@ def open_store(store_uri: str) -> Store:
         store.check_reachable()
     except StoreError as exc:
         raise ServeModelInputError(f"store: {exc}") from None
-    except Exception as exc:  # a URI fsspec cannot open (unknown protocol, missing driver)
-        raise ServeModelInputError(f"store: cannot open {store_uri} ({type(exc).__name__}: {first_line(exc)})") \
-            from None
     return store
-
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""

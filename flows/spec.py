@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifacts.store import credential_keys
-from envs.loader import EnvConfig, make_env
+from envs.loader import ENV_CLASSES, EnvConfig, make_env
 from models.config import ModelConfig
 from tasks.config import STAGE_OUTPUT, Defaults, Judge, SampledEval, StageConfig
 
@@ -176,6 +176,20 @@ def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
     return parse_spec(raw), text
 
 
+def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
+    """The spec a checkpoint was made from (every run keeps it in the store, `specs/<hash>.yaml`);
+    None when its producer records none. StoreError if the file is gone, SpecError if it no
+    longer parses."""
+    spec_hash = manifest["producer"].get("spec")
+    if not spec_hash:
+        return None
+    text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
+    try:
+        return parse_spec(yaml.safe_load(text))
+    except SpecError as exc:
+        raise SpecError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
+
+
 def _check_envs(spec: PipelineSpec) -> None:
     """Each env builds: its task folder exists and every task in it loads (the message names the file)."""
     for env_id, config in spec.envs.items():
@@ -218,7 +232,7 @@ def _check_one_sequence_envs(spec: PipelineSpec) -> None:
         env_ids = [stage.env] if stage.kind == "generate" else \
             list(stage.envs) if stage.kind == "rl" and stage.algorithm == "grpo" else []
         for env_id in env_ids:
-            if make_env(env_id, spec.envs[env_id]).restarts_context:
+            if ENV_CLASSES[type(spec.envs[env_id])].restarts_context:  # a class flag: nothing to build
                 where = "env" if stage.kind == "generate" else f"envs.{env_id}"
                 kind = spec.envs[env_id].kind
                 raise SpecError(f"stages[{i}].{where}: env {env_id!r} ({kind}) restarts its context for every "

@@ -1,6 +1,10 @@
-"""What the orchestrator hands a stage: its request (config, inputs, cache key, provenance) and tags."""
+"""What the orchestrator hands a stage (its request: config, inputs, cache key, provenance; its
+task options and tags) and what it reads of the stage's final state."""
 
 from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
 from artifacts.store import Store
@@ -49,3 +53,17 @@ def stage_task_options(spec: PipelineSpec, stage, task_run_name: str) -> dict:
     return {"name": stage.kind, "task_run_name": task_run_name, "retries": resolved.retries,
             "retry_delay_seconds": resolved.retry_delay_seconds,
             "timeout_seconds": resolved.timeout_seconds + TIMEOUT_GRACE_SECONDS, "tags": stage_tags(spec, stage)}
+
+
+def new_run_id(prefix: str) -> str:
+    """`<prefix>-<UTC time>-<4 hex>`: a pipeline run's id (prefix: the pipeline) or an evaluation's (`eval`)."""
+    return f"{prefix}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def state_error(state) -> str:
+    """One line for a failed task's or flow's state: its final exception's first line."""
+    try:
+        state.result()
+    except Exception as exc:  # the run's final exception
+        return f"{exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    return state.message or state.name

@@ -130,7 +130,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     gens = []
     for row, n in enumerate(length.tolist()):
         gen = Generation("", token_rows[row][:n], logprob_rows[row][:n], "stop" if done[row] else "length")
-        gen.text = _final_text(tokenizer, gen, params.stop)
+        gen.text = before_stop(tokenizer.decode(gen.token_ids, skip_special_tokens=True), params.stop)
         gens.append(gen)
     return gens
 
@@ -146,7 +146,7 @@ def _stop_hits(tokenizer, generated, done, stop: tuple[str, ...]):
     return hits
 
 
-def _final_text(tokenizer, gen: Generation, stop: tuple[str, ...]) -> str:
-    text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+def before_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text before the first stop string (a generation's text)."""
     cut = min((text.find(s) for s in stop if s in text), default=-1)
     return text[:cut] if cut >= 0 else text

@@ -125,10 +125,10 @@ def response_text(tokenizer, generation: Generation, stop: tuple[str, ...], incl
 class ServedModel:
     """One loaded checkpoint and the lock that keeps the engine to one request at a time."""
 
-    def __init__(self, folder: str | Path, name: str):
+    def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None):
         self.name, self.created = name, int(time.time())
         self.tokenizer = load_tokenizer(folder)
-        self.model = load_model(folder, model_config(folder)).eval()
+        self.model = load_model(folder, model or model_config(folder)).eval()
         self.context = getattr(self.model.config, "max_position_embeddings", None)
         self.lock = threading.Lock()
 
@@ -177,7 +177,8 @@ class ServedModel:
 
 
 def model_config(folder: str | Path) -> ModelConfig:
-    """The spec's default model config; a LoRA adapter checkpoint names its base model itself."""
+    """For a folder without its spec's model config: the default one; a LoRA adapter checkpoint
+    names its base model itself (as the path it was trained from)."""
     adapter = Path(folder) / ADAPTER_CONFIG
     if adapter.exists():
         return ModelConfig(base=json.loads(adapter.read_text())["base_model_name_or_path"])
@@ -188,14 +189,15 @@ def error_body(status: int, message: str, kind: str = "invalid_request_error", p
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def make_app(folder: str | Path, model_name: str):
-    """The FastAPI app serving the checkpoint in `folder` as `model_name`."""
+def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = None):
+    """The FastAPI app serving the checkpoint in `folder` as `model_name`, loaded with `model`
+    (the spec's model config: dtype, LoRA base) when known."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    served = ServedModel(folder, model_name)
+    served = ServedModel(folder, model_name, model)
     app = FastAPI(title=f"posttrain serve-model {model_name}")
 
     @app.exception_handler(ServingError)
@@ -252,12 +254,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(folder: str | Path, model_name: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(folder: str | Path, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          model: ModelConfig | None = None) -> None:
     """Serve until interrupted. The line is printed once the socket listens, so a client that read
     it can connect; port 0 picks a free port (the line names it)."""
     import uvicorn
 
     sock = listening_socket(host, port)
-    app = make_app(folder, model_name)
+    app = make_app(folder, model_name, model)
     print(f"serving {model_name} on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

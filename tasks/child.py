@@ -115,8 +115,6 @@ def execute(request: dict) -> dict:
 def main(argv: list[str], orchestrator: int | None = None) -> int:
     request_path, result_path = Path(argv[0]), Path(argv[1])
     _exit_with(orchestrator or os.getppid())
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _use_cpu_without_cuda()
     try:

@@ -13,12 +13,17 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from models.sampling import Generation, SamplingParams
-from tasks.rollouts import TURN_SEED_STRIDE, Context
+from artifacts.store import first_line
+from models.sampling import Generation, SamplingParams, before_stop
+from tasks.rollouts import TURN_SEED_STRIDE, Context, ended_ids
 
 
 class EndpointError(RuntimeError):
     """The endpoint cannot answer (unreachable, unknown model, a refused request); one line."""
+
+
+class EndpointConfigError(ValueError):
+    """An endpoint config that cannot be used as it stands (its API key's variable unset); one line."""
 
 
 class EndpointPolicy:
@@ -42,7 +47,7 @@ class EndpointPolicy:
         if config.api_key_env is not None:
             api_key = os.environ.get(config.api_key_env)
             if not api_key:
-                raise ValueError(f"{field}.api_key_env: environment variable {config.api_key_env} is not set")
+                raise EndpointConfigError(f"{field}.api_key_env: environment variable {config.api_key_env} is not set")
         return cls(config.endpoint, config.model, tokenizer, api_key=api_key)
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
@@ -86,10 +91,9 @@ class EndpointPolicy:
         choice = self._call(request).choices[0]
         text = choice.message.content or ""
         finish_reason = "length" if choice.finish_reason == "length" else "stop"
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if finish_reason == "stop" and not (stop and text.endswith(stop)):
-            ids = ids + [self.tokenizer.eos_token_id]
-        return Generation(without_stop(text, stop), ids, finish_reason=finish_reason)
+        ids = ended_ids(self.tokenizer, text, stop) if finish_reason == "stop" else \
+            self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Generation(before_stop(text, stop), ids, finish_reason=finish_reason)
 
     def _call(self, request: dict):
         """One chat completion; whatever goes wrong becomes a one-line EndpointError."""
@@ -117,12 +121,6 @@ class EndpointPolicy:
         return f"{self.base_url}: HTTP 404: {api_message(exc)}"
 
 
-def without_stop(text: str, stop: tuple[str, ...]) -> str:
-    """The text before the first stop string (what `models.sampling` calls a generation's text)."""
-    cut = min((text.find(s) for s in stop if s in text), default=-1)
-    return text[:cut] if cut >= 0 else text
-
-
 def connection_reason(exc) -> str:
     cause = exc.__cause__ or exc
     return first_line(str(cause)) or type(cause).__name__
@@ -134,7 +132,3 @@ def api_message(exc) -> str:
     message = error.get("message") if isinstance(error, dict) else None
     return first_line(str(message or exc.message))
 
-
-def first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0] if lines else ""

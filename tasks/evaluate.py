@@ -60,10 +60,7 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
         metrics["sampled_accuracy"] = sum(r["correct"] for r in sampled) / len(sampled)
     for key in sorted({key for row in greedy for key in row if key.startswith("outcome_")}):
         metrics[f"mean_{key}"] = _mean_finite(row[key] for row in greedy if key in row)  # e.g. cod's reward by position
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
-
-
-def _rounded(metrics: dict) -> dict:
+    metrics.update(judge_metrics(greedy))  # empty unless a judge graded the rows
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
@@ -86,7 +83,7 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str) ->
         params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
         sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
                              checkpoint=label, mode="sampled", detector=detector)
-    return greedy + sampled, {**summarize(greedy, sampled), **_rounded(judge_metrics(greedy))}
+    return greedy + sampled, summarize(greedy, sampled)
 
 
 def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:

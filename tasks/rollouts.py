@@ -112,12 +112,8 @@ class ScriptedPolicy:
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seed: int) -> list[Generation]:
         actions = [self.scripts[i][turn] if turn < len(self.scripts[i]) else "" for i in episodes]
-        return [Generation(text, self._ids(text, params.stop), finish_reason="stop") for text in actions]
-
-    def _ids(self, action: str, stop: tuple[str, ...]) -> list[int]:
-        """The action's ids as the engine would end them: at a tool call's stop string, else the end token."""
-        ids = self.tokenizer(action, add_special_tokens=False)["input_ids"]
-        return ids if stop and action.endswith(stop) else ids + [self.tokenizer.eos_token_id]
+        return [Generation(text, ended_ids(self.tokenizer, text, params.stop), finish_reason="stop")
+                for text in actions]
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         return self.respond(prompt)
@@ -177,3 +173,10 @@ def transcript_answer(answer: Turn) -> str:
     if answer.done:
         return ""
     return answer.observation + (RESTART_SEPARATOR + answer.restart + "\n" if answer.restart is not None else "")
+
+
+def ended_ids(tokenizer, text: str, stop: tuple[str, ...]) -> list[int]:
+    """The ids of a finished action as the engine would end them: at a tool call's stop string,
+    else with the end token."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids if stop and text.endswith(stop) else ids + [tokenizer.eos_token_id]

@@ -32,6 +32,7 @@ from tasks.events import emit_checkpoint_created
 _PACKAGES = ("artifacts", "data_contracts", "envs", "models", "tasks")
 ROOT = Path(__file__).resolve().parent.parent
 ANNOUNCE_POLL_SECONDS = 0.5
+CHILD_ENV_DEFAULTS = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 GPU_LIMIT = "gpu"  # the global concurrency limit capping GPU slots (`prefect gcl create gpu --limit N`)
 
 
@@ -189,8 +190,8 @@ def _fork_server():
     import multiprocessing
 
     # read by huggingface_hub and transformers when they are imported, i.e. in the fork server
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name, value in CHILD_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WARM_MODULES)
     return context
@@ -222,14 +223,14 @@ def _free_port() -> int:
 
 def _die_with_parent() -> None:
     """The launcher dies with the orchestrator (Linux PR_SET_PDEATHSIG); its processes, which watch
-    their parent, follow. The single-process child watches its parent itself."""
+    their parent, follow. A forked child watches the orchestrator's pid itself (tasks/child.py)."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _child_env() -> dict:
-    env = dict(os.environ)
+    env = {**CHILD_ENV_DEFAULTS, **os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 

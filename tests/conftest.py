@@ -43,6 +43,16 @@ def s3_endpoint():
 
 
 @pytest.fixture(scope="session")
+def base_url():
+    """The SFT'd tiny-llama of test_serve_model behind models.serving (uvicorn, 127.0.0.1): one
+    server for the session's serving, endpoint-policy and teacher tests; yields its base URL."""
+    from test_serve_model import running_server, trained_checkpoint
+
+    with running_server(trained_checkpoint()) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def prefect_api_server(tmp_path_factory):
     """One real `prefect server start` on 127.0.0.1 for the whole session, started on first use:
     a `posttrain run` against a running server starts in ~3 s instead of the ~12 s a temporary

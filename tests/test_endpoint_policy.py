@@ -8,13 +8,7 @@ from conftest import free_port
 from models.sampling import SamplingParams
 from tasks.endpoint_policy import EndpointError, EndpointPolicy
 from tasks.rollouts import Context, LocalPolicy, roll_out
-from test_serve_model import ARITH, CALC, NAME, local_model, running_server, trained_checkpoint
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    with running_server(trained_checkpoint()) as url:
-        yield url
+from test_serve_model import ARITH, CALC, NAME, local_model
 
 
 def test_multi_turn_episodes_through_the_endpoint_equal_the_local_ones(base_url):

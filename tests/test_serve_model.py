@@ -74,12 +74,6 @@ def local_model():
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    with running_server(trained_checkpoint()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def client(base_url):
     return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
 
@@ -239,6 +233,28 @@ def test_serve_model_input_errors_are_one_line(tmp_path):
             with pytest.raises(ServeModelInputError) as error:
                 serve_model(ref, uri, "127.0.0.1", port, None)
             assert str(error.value) == message
+
+
+def test_serve_model_loads_a_checkpoint_with_its_specs_model_config(tmp_path):
+    """dtype and LoRA base come from the spec the checkpoint was made from, as in evaluation."""
+    import torch
+    import yaml
+
+    from artifacts.store import Store
+    from flows.post_train import save_spec
+    from flows.serve_model_cli import fetch_checkpoint
+    from models.serving import ServedModel
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    spec = {"name": "t", "store": store.uri, "model": {"base": "tiny-llama", "dtype": "bfloat16"},
+            "envs": {"arith": {"kind": "arith"}}, "stages": [{"id": "warmup", "kind": "synthesize", "env": "arith", "n": 4}]}
+    spec_hash = save_spec(store, yaml.safe_dump(spec))
+    with_spec = store.commit("t/sft", "checkpoint", trained_checkpoint(), producer={"spec": spec_hash})
+    without_spec = store.commit("t/other", "checkpoint", trained_checkpoint(), producer={})
+    folder, model = fetch_checkpoint(with_spec, store)
+    assert model is not None and model.dtype == "bfloat16" and model.base == "tiny-llama"
+    assert ServedModel(folder, "t", model).model.dtype == torch.bfloat16
+    assert fetch_checkpoint(without_spec, store)[1] is None
 
 
 def test_a_lora_adapter_checkpoint_is_served_on_its_base_model(tmp_path):

@@ -183,6 +183,13 @@ def test_unreachable_store_is_refused_before_anything_runs(tmp_path, capsys, s3_
     assert code == 2 and err == "error: store: bucket 'no-such-bucket' does not exist"
 
 
+def test_a_store_of_an_unknown_protocol_is_one_line(tmp_path, capsys):
+    code, err = run_cli(capsys, "run", write_spec(tmp_path, {**GOOD, "store": "nosuch://bucket/p"}))
+    assert code == 2 and err == "error: store: cannot open nosuch://bucket/p: Protocol not known: nosuch"
+    code, err = run_cli(capsys, "status", "--store", "nosuch://bucket/p")
+    assert code == 2 and err == "error: store: cannot open nosuch://bucket/p: Protocol not known: nosuch"
+
+
 def test_workers_need_a_prefect_server(tmp_path, capsys):
     path = write_spec(tmp_path, {**GOOD, "workers": {"deployment": "post-train-stage/gpu-box"}})
     code, err = run_cli(capsys, "run", path)

@@ -11,13 +11,7 @@ from models.sampling import SamplingParams
 from tasks.config import STAGE_CONFIG, EndpointTeacher, SynthesizeStage
 from tasks.endpoint_policy import EndpointError
 from tasks.rollouts import LocalPolicy, roll_out
-from test_serve_model import ARITH, CALC, NAME, local_model, running_server, trained_checkpoint
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    with running_server(trained_checkpoint()) as url:
-        yield url
+from test_serve_model import ARITH, CALC, NAME, local_model, trained_checkpoint
 
 
 def synthesize(tmp_path, env_id: str, env_config, teacher: dict, n: int) -> tuple[list[dict], dict]:

@@ -30,7 +30,7 @@ def prefect_server(home: Path):
                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
     try:
-        wait_until(lambda: _healthy(api), 180, lambda: f"server not up: {(home / 'server.log').read_text()[-2000:]}")
+        wait_until(lambda: answers(f"{api}/health"), 180, lambda: f"server not up: {(home / 'server.log').read_text()[-2000:]}")
         # runners and workers poll fast so a test does not wait on their default 10-15 s intervals
         yield {"PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
                "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
@@ -39,9 +39,10 @@ def prefect_server(home: Path):
         log.close()
 
 
-def _healthy(api: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 (a server is up)."""
     try:
-        return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -35,6 +35,7 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
     assert "ephemeral mode): each new checkpoint is evaluated inline" in run.stdout
     sft = by_id(run_summary)["sft"]
     checkpoints = [*sft["metrics"]["promoted_checkpoints"], sft["outputs"]["checkpoint"]]
+    assert len(checkpoints) == 2
     assert [e["checkpoint"] for e in run_summary["evaluations"]] == checkpoints  # step-3, then the final one
     artifact_store = Store(f"file://{store}")
     for evaluation in run_summary["evaluations"]:
@@ -47,7 +48,11 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
         report = artifact_store.manifest(evaluation["report"])
         assert {f["path"] for f in report["files"]} == {"report.md", "evaluation.png", "metrics.json"}
         assert evaluation["checkpoint"] in report["inputs"].values()
-    assert "evaluated inline" in run.stdout
+    assert "evaluated inline (evaluation.on_new_checkpoint, ephemeral mode):" in run.stdout
+    for evaluation in run_summary["evaluations"]:
+        accuracy = evaluation["metrics"]["arith"]["accuracy"]
+        assert f"  {evaluation['checkpoint']}: completed, accuracy arith {accuracy:.1%} -> {evaluation['results']}" \
+            in run.stdout
 
 
 def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evaluated_run):
@@ -107,14 +112,14 @@ def test_a_checkpoint_served_by_serve_model_evaluates_as_it_does_in_process(eval
     """`posttrain eval --endpoint` against `posttrain serve-model REF` (the official openai client
     underneath) gives the metrics the evaluation flow gave the same checkpoint in-process."""
     from e2e.helpers import start
-    from e2e.prefect_server import stop, wait_until
+    from e2e.prefect_server import answers, stop, wait_until
 
     store, _, run_summary, spec_path = evaluated_run
     inline = run_summary["evaluations"][-1]
     port = free_port()
     server = start("serve-model", inline["checkpoint"], "--port", port, "--store", f"file://{store}")
     try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), 120, "serve-model did not come up")
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/v1/models"), 120, "serve-model did not come up")
         result = posttrain("eval", "--endpoint", f"http://127.0.0.1:{port}/v1", "--model", inline["checkpoint"],
                            "--spec", spec_path, timeout=300)
     finally:
@@ -124,15 +129,6 @@ def test_a_checkpoint_served_by_serve_model_evaluates_as_it_does_in_process(eval
     m = inline["metrics"]["arith"]
     assert row[1:] == [f"{m['accuracy']:.1%}", f"{m['format_rate']:.1%}", f"{m['doom_loop_rate']:.1%}",
                        f"{m['mean_completion_tokens']:.1f}", str(m["n"])]
-
-
-def _answers(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_run_with_an_unreachable_prefect_server_is_refused(tmp_path):

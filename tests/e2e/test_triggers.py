@@ -71,7 +71,7 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
                        lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
                                f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
         finally:
-            log = stop_when_idle(serve)
+            stop_when_idle(serve)
         created = events(api, "posttrain.checkpoint.created")
         assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
             sorted(f"posttrain.checkpoint.{ref}" for ref in checkpoints)
@@ -79,7 +79,8 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
             {(f"file://{store}", "tiny", "sft")}
         assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 4, 8]
         runs = flow_runs(api, "evaluate")
-        assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), log
+        assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), \
+            (tmp_path / "serve.log").read_text()[-4000:]
         assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
         assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
         for checkpoint in checkpoints:
