@@ -17,7 +17,8 @@ from tasks.runner import run_stage
 @flow(name="post-train-stage")
 def stage_flow(request: dict, timeout_seconds: float, task_options: dict) -> dict[str, str]:
     """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store."""
-    return run_stage.with_options(**task_options)(request, timeout_seconds)["outputs"]
+    state = run_stage.with_options(**task_options)(request, timeout_seconds, return_state=True)
+    return state.result()["outputs"]  # a cached stage's task returns its Completed("Cached") state itself
 
 
 def submit_stage(deployment: str, request: dict, timeout_seconds: float, task_options: dict,
