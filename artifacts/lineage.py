@@ -1,4 +1,5 @@
-"""Lineage: the tree of an artifact's inputs, back to the spec and base model it came from."""
+"""Lineage: the DAG of an artifact's inputs back to the spec and base model it came from, printed
+as a tree in which each artifact appears once (a later mention refers back to it)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,35 @@ def _describe(manifest: dict) -> str:
             f"  run {producer.get('run_id')}")
 
 
+def _leaves(manifest: dict) -> list[str]:
+    """What an artifact came from besides artifacts: its base model, its spec, the outputs made with it."""
+    producer = manifest.get("producer", {})
+    leaves = [f"base model {producer['base_model']}"] if producer.get("base_model") else []
+    if manifest.get("siblings"):
+        leaves.append(f"made with {', '.join(sorted(manifest['siblings'].values()))}")
+    if producer.get("spec"):
+        leaves.append(f"spec {producer.get('pipeline')} (specs/{producer['spec']}.yaml)")
+    return leaves
+
+
 def lineage_lines(store: Store, ref: Ref) -> list[str]:
     lines: list[str] = []
+    printed: set[str] = set()
 
     def visit(manifest: dict, prefix: str, child_prefix: str) -> None:
         lines.append(prefix + _describe(manifest))
-        producer = manifest.get("producer", {})
-        leaves = [f"base model {producer['base_model']}"] if producer.get("base_model") else []
-        if producer.get("spec"):
-            leaves.append(f"spec {producer.get('pipeline')} (specs/{producer['spec']}.yaml)")
-        entries = [("ref", text) for text in manifest["inputs"].values()] + [("leaf", text) for text in leaves]
+        printed.add(manifest["ref"])
+        entries = [("ref", text) for text in manifest["inputs"].values()] + [("leaf", text) for text in
+                                                                             _leaves(manifest)]
         for i, (what, text) in enumerate(entries):
             last = i == len(entries) - 1
             branch, extend = ("└── ", "    ") if last else ("├── ", "│   ")
-            if what == "ref":
-                visit(store.manifest(text), child_prefix + branch, child_prefix + extend)
-            else:
+            if what == "leaf":
                 lines.append(child_prefix + branch + text)
+            elif text in printed:
+                lines.append(child_prefix + branch + f"{text}  (shown above)")
+            else:
+                visit(store.manifest(text), child_prefix + branch, child_prefix + extend)
 
     visit(store.manifest(ref), "", "")
     return lines

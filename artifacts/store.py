@@ -21,10 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import fsspec
+from pydantic import BaseModel, ConfigDict
 
-from artifacts.refs import Ref, content_version, sha256_bytes
+from artifacts.refs import BadRef, Ref, content_version, sha256_bytes, valid_name
 
 MANIFEST = "MANIFEST.json"
+LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
 ARTIFACT_KINDS = ("dataset", "checkpoint", "report")
 _CREDENTIAL_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
                     "aws_secret_access_key", "aws_session_token", "access_key", "secret_key"}
@@ -61,6 +63,19 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+class StoreLocation(BaseModel):
+    """Where a store is: its URI and fsspec options (never credentials). It travels whole, from the
+    spec to the flow, the stage request, the child process and the evaluation flow."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str
+    options: dict = {}
+
+    def open(self) -> "Store":
+        return Store(self.uri, self.options)
+
+
 class Store:
     def __init__(self, uri: str, storage_options: dict | None = None):
         self.storage_options = dict(storage_options or {})
@@ -78,6 +93,10 @@ class Store:
         self.protocol = self.uri.split("://", 1)[0]
         self.root = root.rstrip("/")
         self.local = self.protocol == "file"
+
+    @property
+    def location(self) -> StoreLocation:
+        return StoreLocation(uri=self.uri, options=self.storage_options)
 
     # -- paths -------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -173,21 +192,19 @@ class Store:
             return []
 
     # -- artifacts ---------------------------------------------------------
-    def commit(self, name: str, kind: str, local_dir: Path, *, producer: dict,
-               inputs: dict[str, str] | None = None, metrics: dict | None = None) -> Ref:
+    def commit(self, name: str, kind: str, local_dir: Path, *, producer: dict, inputs: dict[str, str] | None = None,
+               siblings: dict[str, str] | None = None, metrics: dict | None = None,
+               hashes: dict[str, str] | None = None) -> Ref:
         """Upload a folder as a new immutable version; the manifest goes last, create-only.
 
-        Committing the same files under the same name again returns the existing ref.
+        `inputs` are artifacts that existed before the producing stage ran; `siblings` are the
+        other outputs of the same stage run. `hashes` (from `folder_hashes`) spares hashing the
+        files again. Committing the same files under the same name again returns the existing ref.
         """
         if kind not in ARTIFACT_KINDS:
             raise ValueError(f"artifact kind must be one of {ARTIFACT_KINDS}: {kind!r}")
         local_dir = Path(local_dir)
-        files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
-        if MANIFEST in files:
-            raise ValueError(f"{MANIFEST} is reserved")
-        if not files:
-            raise ValueError(f"nothing to commit in {local_dir}")
-        hashes = {rel: sha256_file(path) for rel, path in files.items()}
+        hashes = hashes or folder_hashes(local_dir)
         ref = Ref(name, content_version(hashes))
         manifest_path = self.version_path(ref, MANIFEST)
         if self.exists(manifest_path):
@@ -195,10 +212,10 @@ class Store:
         self.put_dir(local_dir, self.version_path(ref))
         manifest = {
             "ref": str(ref), "name": name, "version": ref.version, "kind": kind,
-            "files": [{"path": rel, "sha256": hashes[rel], "size": files[rel].stat().st_size}
-                      for rel in sorted(files)],
-            "producer": producer, "inputs": dict(inputs or {}), "metrics": dict(metrics or {}),
-            "created": now_iso(),
+            "files": [{"path": rel, "sha256": hashes[rel], "size": (local_dir / rel).stat().st_size}
+                      for rel in sorted(hashes)],
+            "producer": producer, "inputs": dict(inputs or {}), "siblings": dict(siblings or {}),
+            "metrics": dict(metrics or {}), "created": now_iso(),
         }
         try:
             self.create_only(manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
@@ -213,6 +230,21 @@ class Store:
         if not self.exists(path):
             raise StoreError(f"no committed artifact {ref} in {self.uri}")
         return self.read_json(path)
+
+    def manifests(self, pipeline: str | None = None) -> dict[str, dict]:
+        """{ref: manifest} of every committed version of a pipeline's artifacts (all pipelines when
+        None), scanning `artifacts/<pipeline>/<name>/<version>/` (every name posttrain writes is
+        `<pipeline>/<stage id>[.<output>]`)."""
+        pipelines = [pipeline] if pipeline is not None else self.listdir(self.path("artifacts"))
+        manifests = {}
+        for owner in pipelines:
+            for name in self.listdir(self.path("artifacts", owner)):
+                for version in self.listdir(self.path("artifacts", owner, name)):
+                    path = self.path("artifacts", owner, name, version, MANIFEST)
+                    if self.exists(path):  # else not committed
+                        manifest = self.read_json(path)
+                        manifests[manifest["ref"]] = manifest
+        return manifests
 
     def is_committed(self, ref: Ref | str) -> bool:
         ref = Ref.parse(ref) if isinstance(ref, str) else ref
@@ -246,13 +278,42 @@ class Store:
         return problems
 
     def latest(self, name: str) -> Ref:
+        """The version `refs/<name>/latest` points at; its text is checked, and the version must be
+        committed (a pointer is a convenience for people and may be stale or tampered with)."""
+        if not valid_name(name):
+            raise BadRef(f"not an artifact name: {name!r}")
         path = self.path("refs", name, "latest")
         if not self.exists(path):
-            raise StoreError(f"no alias for {name!r} in {self.uri}")
-        return Ref(name, self.read_bytes(path).decode().strip())
+            raise StoreError(f"no alias {name}@{LATEST} in {self.uri}")
+        text = self.read_bytes(path).decode(errors="replace").strip()
+        try:
+            ref = Ref.parse(f"{name}@{text}")
+        except BadRef:
+            raise StoreError(f"refs/{name}/latest does not hold a version (16 hex digits): {text[:40]!r}") from None
+        if not self.is_committed(ref):
+            raise StoreError(f"refs/{name}/latest points at {ref}, which is not committed in {self.uri}")
+        return ref
+
+    def resolve(self, text: str) -> Ref:
+        """A ref from `name@version`, or `name@latest` pinned to the version its alias names."""
+        name, sep, version = text.rpartition("@")
+        if sep and version == LATEST:
+            return self.latest(name)
+        return Ref.parse(text)
 
     def display(self, path: str) -> str:
         return f"{self.protocol}://{path}" if not self.local else path
+
+
+def folder_hashes(local_dir: Path) -> dict[str, str]:
+    """{relative path: sha256} of the files an artifact version of `local_dir` would hold."""
+    local_dir = Path(local_dir)
+    files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
+    if MANIFEST in files:
+        raise ValueError(f"{MANIFEST} is reserved")
+    if not files:
+        raise ValueError(f"nothing to commit in {local_dir}")
+    return {rel: sha256_file(path) for rel, path in files.items()}
 
 
 def _check_local_writable(root: str) -> None:

@@ -1,4 +1,4 @@
-"""DPO training throughput: this project's preference loop (tasks/preference.py) against TRL's `DPOTrainer`.
+"""DPO training throughput: this project's preference loop (tasks/stages/preference.py) against TRL's `DPOTrainer`.
 
 Both sides train the `tiny-llama` preset in float32 on the same arith preference pairs (chosen:
 the oracle's answer; rejected: a wrong answer followed by repeated self-checks, the shape of a
@@ -30,10 +30,9 @@ from models.config import ModelConfig  # noqa: E402
 from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
-from tasks.config import PreferenceStage  # noqa: E402
-from tasks.preference import reference_logps, side_logps, train_step  # noqa: E402
-from tasks.sft import Example, encode_ids  # noqa: E402
-from tasks.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.common.encoding import Example, encode_ids  # noqa: E402
+from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.stages.preference import PreferenceStage, reference_logps, side_logps, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
 DEFAULT_OUT = RESULTS_DIR / "dpo_vs_trl.json"
@@ -104,7 +103,7 @@ def last_batch_loss(model, pairs: Pairs, indices: list[int], ref_chosen, ref_rej
     return round(losses.mean().item(), 5)
 
 
-# ---- ours: the step of tasks/preference.py, without its checkpointing and logging ----------
+# ---- ours: the step of tasks/stages/preference.py, without its checkpointing and logging ----------
 
 def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Settings):
     import torch
@@ -138,7 +137,7 @@ def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
         final_loss=last_batch_loss(accelerator.unwrap_model(model), pairs, plan[-1], ref_chosen, ref_rejected,
                                    settings, pad),
         torch_threads=torch.get_num_threads(),
-        details={"loop": "tasks.preference: reference_logps (untimed), train_step; tasks.training: "
+        details={"loop": "tasks.stages.preference: reference_logps (untimed), train_step; tasks.common.training: "
                          "batch_indices, make_optimizer",
                  "reference": "precomputed log-probs of the initial model",
                  "forward": "chosen and rejected as two batches, each padded to its own longest sequence",
@@ -225,7 +224,7 @@ def run(settings: Settings) -> dict:
         "data": {"env": "arith", "pairs": len(pairs.chosen),
                  "mean_chosen_tokens": round(sum(map(_completion_len, pairs.chosen)) / len(pairs.chosen), 1),
                  "mean_rejected_tokens": round(sum(map(_completion_len, pairs.rejected)) / len(pairs.rejected), 1),
-                 "order": "tasks.training.batch_indices, identical batches on both sides"},
+                 "order": "tasks.common.training.batch_indices, identical batches on both sides"},
         "settings": asdict(settings),
         "loss": "sigmoid DPO",
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,

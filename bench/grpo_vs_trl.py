@@ -1,7 +1,7 @@
-"""GRPO throughput: this project's `rl` stage (tasks/rl.py) against TRL's `GRPOTrainer`.
+"""GRPO throughput: this project's `rl` stage (tasks/stages/rl.py) against TRL's `GRPOTrainer`.
 
 Both sides train the `tiny-llama` preset (float32, same torch threads) on the same arith train
-prompts in the same order (the stage's own draw, `tasks.rl.step_tasks`, handed to TRL as a
+prompts in the same order (the stage's own draw, `tasks.stages.rl.step_tasks`, handed to TRL as a
 conversational dataset it does not shuffle), rendered by the same chat template to the same
 prompt ids (checked), scored by the same reward (the arith rubric's total: correct 1.0 + format
 0.2). Both sample `group_size` completions of `prompts_per_step` prompts per step (temperature
@@ -12,7 +12,7 @@ Token sampling streams differ (each side its own RNG), so reward curves agree on
 
 The metric is sampled completion tokens (end token included) per second over the steps after
 `TRAIN_WARMUP_STEPS` untimed ones, as the other training benches. Ours is the whole
-`tasks.rl.run` call, its step times read from its metrics.jsonl (cumulative tokens divided by
+`tasks.stages.rl.run` call, its step times read from its metrics.jsonl (cumulative tokens divided by
 the cumulative `tokens_per_second` it logs); TRL's from a callback at each step's end. The
 JSON also has the end-to-end figures: the stage call (store fetch, model load, every step,
 checkpoint and report writing) against `GRPOTrainer(...)` construction plus `train()`.
@@ -44,8 +44,7 @@ from envs.arith import ArithEnv, ArithEnvConfig  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
-from tasks.config import RlStage  # noqa: E402
-from tasks.rl import TASK_POOL, step_tasks  # noqa: E402
+from tasks.stages.rl import TASK_POOL, RlStage, step_tasks  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
 DEFAULT_OUT = RESULTS_DIR / "grpo_vs_trl.json"
@@ -106,7 +105,7 @@ class Side:
 
 
 def step_prompts(settings: Settings) -> list:
-    """The tasks the stage draws, step by step (`tasks.rl.step_tasks` over its pool), flattened."""
+    """The tasks the stage draws, step by step (`tasks.stages.rl.step_tasks` over its pool), flattened."""
     pools = {"arith": ArithEnv(ENV_CONFIG).tasks("train", TASK_POOL, settings.seed)}
     return [task for step in range(settings.steps)
             for _, task in step_tasks(pools, {"arith": 1.0}, settings.prompts_per_step, settings.seed, step)]
@@ -119,9 +118,10 @@ def warm_start(settings: Settings, workdir: Path) -> Path:
     if not settings.sft_steps:
         return materialize(MODEL_PRESET)
     from artifacts.store import Store
-    from tasks import sft, synthesize
-    from tasks.config import SftStage, SynthesizeStage
-    from tasks.stage import StageContext
+    from tasks.common.context import StageContext
+    from tasks.stages import sft, synthesize
+    from tasks.stages.sft import SftStage
+    from tasks.stages.synthesize import SynthesizeStage
 
     store = Store(f"file://{workdir / 'store'}")
     model = ModelConfig(base=MODEL_PRESET, dtype="float32", threads=settings.threads)
@@ -142,8 +142,8 @@ def warm_start(settings: Settings, workdir: Path) -> Path:
 
 def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
     from artifacts.store import Store
-    from tasks.rl import run as run_stage
-    from tasks.stage import StageContext
+    from tasks.common.context import StageContext
+    from tasks.stages.rl import run as run_stage
 
     stage = RlStage(kind="rl", id="rl", policy="policy", envs={"arith": 1.0}, algorithm="grpo",
                     loss_aggregation="dapo", steps=settings.steps, prompts_per_step=settings.prompts_per_step,
@@ -174,7 +174,7 @@ def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
     return Side(step_tokens=step_tokens, rewards=[h["reward"] for h in history],
                 timed_tokens=cumulative[-1] - cumulative[warm], timed_seconds=elapsed[-1] - elapsed[warm],
                 seconds=seconds,
-                details={"timed": "tasks.rl.run(stage, ctx); step ends from its metrics.jsonl (cumulative tokens "
+                details={"timed": "tasks.stages.rl.run(stage, ctx); step ends from its metrics.jsonl (cumulative tokens "
                                   "/ tokens_per_second); end to end: the whole call, the policy commit excluded",
                          "stage": stage.model_dump(mode="json"),
                          "mean_loss": round(sum(h["loss"] for h in history) / len(history), 6),
@@ -194,7 +194,7 @@ def peer_args(settings: Settings, output_dir: str) -> dict:
         loss_type="dapo", epsilon=settings.epsilon_low, epsilon_high=settings.epsilon_high, beta=0.0,
         scale_rewards="group", mask_truncated_completions=False,
         learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0,  # what tasks/training.py clips to
+        max_grad_norm=1.0,  # what tasks/common/training.py clips to
         use_vllm=False, bf16=False, fp16=False,  # TRL's bf16 default is ~10x slower on this CPU
         gradient_checkpointing=False, activation_checkpointing=False,  # TRL's default True recomputes activations
         model_init_kwargs={"dtype": "float32"},
@@ -281,11 +281,11 @@ def run(settings: Settings) -> dict:
 
     config = {
         "model": MODEL_PRESET, "dtype": "float32",
-        "start": f"{MODEL_PRESET} after {settings.sft_steps} SFT steps on 4,000 oracle traces (tasks.sft, batch 32, "
+        "start": f"{MODEL_PRESET} after {settings.sft_steps} SFT steps on 4,000 oracle traces (tasks.stages.sft, batch 32, "
                  "lr 2e-3), the same folder for both sides" if settings.sft_steps else f"the untrained {MODEL_PRESET}",
         "data": {"env": "arith", "env_config": ENV_CONFIG.model_dump(mode="json"), "split": "train",
                  "prompts": len(tasks), "unique_prompts": len({t.prompt for t in tasks}),
-                 "order": "tasks.rl.step_tasks (the stage's own draw); TRL the same prompts in the same order "
+                 "order": "tasks.stages.rl.step_tasks (the stage's own draw); TRL the same prompts in the same order "
                           "(shuffle_dataset=False, each prompt group_size times in a row); token sampling RNGs "
                           "differ, so completions and rewards differ within sampling noise"},
         "settings": asdict(settings),

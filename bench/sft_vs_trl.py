@@ -1,4 +1,4 @@
-"""SFT training throughput: this project's SFT loop (tasks/sft.py) against TRL's `SFTTrainer`.
+"""SFT training throughput: this project's SFT loop (tasks/stages/sft.py) against TRL's `SFTTrainer`.
 
 Both sides train the `tiny-llama` preset in float32 on the same arith prompt/completion pairs,
 in the same batches and order, with the same batch size, steps, max sequence length, learning
@@ -27,9 +27,9 @@ from envs.arith import ArithEnv, ArithEnvConfig  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.losses import completion_nll  # noqa: E402
 from models.presets import materialize  # noqa: E402
-from tasks.config import SftStage  # noqa: E402
-from tasks.sft import Example, collate, encode_example, train_step  # noqa: E402
-from tasks.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.common.encoding import Example, collate, encode_example  # noqa: E402
+from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.stages.sft import SftStage, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
 DEFAULT_OUT = RESULTS_DIR / "sft_vs_trl.json"
@@ -62,7 +62,7 @@ def arith_rows(n: int, seed: int) -> list[dict]:
 
 
 def batch_plan(n_examples: int, settings: Settings) -> list[list[int]]:
-    """The example indices of every step, exactly as tasks/sft.py draws them."""
+    """The example indices of every step, exactly as tasks/stages/sft.py draws them."""
     return [batch_indices(n_examples, settings.batch_size, settings.seed, step) for step in range(settings.steps)]
 
 
@@ -77,7 +77,7 @@ def last_batch_loss(model, examples: list[Example], indices: list[int], pad_id: 
     return round(loss.item(), 5)
 
 
-# ---- ours: the step of tasks/sft.py, without its checkpointing and logging -----------------
+# ---- ours: the step of tasks/stages/sft.py, without its checkpointing and logging -----------------
 
 def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings) -> SideResult:
     import torch
@@ -110,10 +110,11 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
         mean_train_loss=round(sum(losses) / len(losses), 5),
         final_loss=last_batch_loss(accelerator.unwrap_model(model), examples, final_indices, tokenizer.pad_token_id),
         torch_threads=torch.get_num_threads(),
-        details={"loop": "tasks.sft: encode_example, train_step; tasks.training: batch_indices, make_optimizer",
+        details={"loop": "tasks.common.encoding: encode_example; tasks.stages.sft: train_step; "
+                           "tasks.common.training: batch_indices, make_optimizer",
                  "optimizer": f"torch.optim.AdamW(lr={settings.learning_rate}, "
                               f"weight_decay={settings.weight_decay}), torch's default implementation",
-                 "scheduler": "LambdaLR(tasks.training.lr_factor): linear warm-up, cosine to 10% of peak",
+                 "scheduler": "LambdaLR(tasks.common.training.lr_factor): linear warm-up, cosine to 10% of peak",
                  "grad_clip": GRAD_CLIP, "accelerate": True, "last_step_loss": round(losses[-1], 5),
                  "model_parameters": parameter_count(model)},
     )
@@ -213,7 +214,7 @@ def run(settings: Settings) -> dict:
         "dtype": "float32",
         "data": {"env": "arith", "split": "train", "examples": len(examples),
                  "truncated_examples": sum(e.truncated for e in examples),
-                 "order": "tasks.training.batch_indices, identical batches on both sides"},
+                 "order": "tasks.common.training.batch_indices, identical batches on both sides"},
         "settings": asdict(settings),
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,

@@ -85,6 +85,9 @@ class Rubric:
         return low, high
 
 
+RESTART_SEPARATOR = "\n\n=== new context ===\n"  # in a transcript, before the prompt a restarted context begins with
+
+
 @dataclass(frozen=True)
 class Turn:
     """What the environment answers to one action of the policy."""
@@ -96,6 +99,13 @@ class Turn:
     # observation (CoD: each task of a pack sees only its own prompt and hint, not the history)
     restart: str | None = None
     kind: str = "action"  # what the turn was, for credit assignment (CoD: "solve" or "hint")
+
+    def transcript(self) -> str:
+        """What this answer adds to an episode's transcript: the observation (dropped when the
+        episode ends), then a visible separator and the fresh prompt when the context restarts."""
+        if self.done:
+            return ""
+        return self.observation + (RESTART_SEPARATOR + self.restart + "\n" if self.restart is not None else "")
 
 
 class Episode(Protocol):

@@ -191,12 +191,10 @@ class CodEnv:
 
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (as `roll_out` writes it)."""
-        from tasks.rollouts import transcript_answer
-
         episode, transcript = self.start(task), ""
         for action in self.oracle_actions(task):
             turn = episode.step(action)
-            transcript += action + transcript_answer(turn)
+            transcript += action + turn.transcript()
         episode.finish()
         return transcript
 

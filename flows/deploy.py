@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flows.spec import PipelineSpec
+    from tasks.config import Defaults
 
 K8S_GPU_JOB_TEMPLATE = Path(__file__).resolve().parent.parent / "deployments" / "k8s-gpu-job-template.json"
 
@@ -24,13 +24,14 @@ K8S_GPU_JOB_TEMPLATE = Path(__file__).resolve().parent.parent / "deployments" / 
 _NO_API = "http://prefect-api.invalid/api"
 
 
-def stage_job_variables(spec: PipelineSpec, stage) -> dict[str, Any]:
-    """Flow-run job variables for one stage: its resolved GPU count (the stage's, else the spec default).
+def stage_job_variables(settings: Defaults) -> dict[str, Any]:
+    """Flow-run job variables for one stage from its resolved settings (its request's
+    `orchestration`): its GPU count (the stage's, else the spec default).
 
     Only `gpus`: placement (node_selector, tolerations), image and resources stay with the work
     pool and the deployment, since flow-run job variables replace theirs key by key.
     """
-    return {"gpus": spec.resolved(stage).gpus}
+    return {"gpus": settings.gpus}
 
 
 def load_job_template(path: str | Path = K8S_GPU_JOB_TEMPLATE) -> dict[str, Any]:

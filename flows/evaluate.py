@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from prefect import flow, get_run_logger
 
 from artifacts.refs import BadRef, Ref
-from artifacts.store import Store, StoreError
+from artifacts.store import Store, StoreError, StoreLocation
 from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
-from flows.stage_requests import new_run_id, stage_request, stage_task_options
-from tasks.config import EvaluateStage
-from tasks.runner import run_stage, warm_up
+from flows.stage_requests import new_run_id, stage_request
+from tasks.request import StageRequest
+from tasks.runtime.launch import warm_up
+from tasks.runtime.runner import run_stage, stage_task_options
+from tasks.stages.evaluate import EvaluateStage
 
 
 class EvaluationInputError(Exception):
@@ -35,7 +37,7 @@ class EvaluationInputError(Exception):
 class EvaluationPlan:
     spec: PipelineSpec
     stage: EvaluateStage
-    request: dict
+    request: StageRequest
     label: str  # the checkpoint's name within its pipeline: `sft`, `rl.step-50`
 
 
@@ -86,7 +88,7 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
                     max_new_tokens: int | None = None, run_id: str | None = None) -> EvaluationPlan:
     """Check the inputs and build the evaluate request; EvaluationInputError on bad input."""
     try:
-        ref = Ref.parse(checkpoint_ref)
+        ref = store.resolve(checkpoint_ref)
         manifest = store.manifest(ref)
     except (BadRef, StoreError) as exc:
         raise EvaluationInputError(f"ref: {exc}") from None
@@ -99,7 +101,7 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
     spec, env_ids = with_envs(spec, envs)
     label = checkpoint_label(ref, spec.name)
     stage = evaluation_stage(spec, env_ids, label, n, max_new_tokens)
-    request = stage_request(spec, stage, {label: str(ref)}, store=store, run_id=run_id or new_run_id("eval"),
+    request = stage_request(spec, stage, {label: str(ref)}, store=store.location, run_id=run_id or new_run_id("eval"),
                             spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")
     return EvaluationPlan(spec, stage, request, label)
 
@@ -115,14 +117,14 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")
-    artifact_store = Store(store, storage_options)
+    artifact_store = StoreLocation(uri=store, options=storage_options or {}).open()
     plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
-    options = stage_task_options(plan.spec, plan.stage, f"evaluate {plan.label}")
-    state = run_stage.with_options(**options)(plan.request, plan.spec.resolved(plan.stage).timeout_seconds,
-                                              return_state=True)
+    options = stage_task_options(plan.request, f"evaluate {plan.label}")
+    state = run_stage.with_options(**options)(plan.request, return_state=True)
     result = state.result()  # raises the stage's error: the flow run fails with it
     cached = state.name == "Cached"
     metrics = result["metrics"][plan.label]
+    checkpoint_ref = plan.request.inputs[plan.label]  # pinned, if it came as name@latest
     logger.info(f"{checkpoint_ref}: {'cached' if cached else 'evaluated'} on {', '.join(metrics)} "
                 f"-> {result['outputs']['results']}")
     for env_id, values in metrics.items():

@@ -7,28 +7,16 @@ is the same whichever process or machine evaluated what.
 
 from __future__ import annotations
 
-from artifacts.store import MANIFEST, Store
+from artifacts.store import Store
 from flows.report_artifacts import prefect_key
 
 COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")
 
 
-def committed_manifests(store: Store, pipeline: str) -> dict[str, dict]:
-    """{ref: manifest} of every committed version of the pipeline's artifacts."""
-    manifests = {}
-    for name in store.listdir(store.path("artifacts", pipeline)):
-        for version in store.listdir(store.path("artifacts", pipeline, name)):
-            path = store.path("artifacts", pipeline, name, version, MANIFEST)
-            if store.exists(path):  # else not committed
-                manifest = store.read_json(path)
-                manifests[manifest["ref"]] = manifest
-    return manifests
-
-
 def evaluations(store: Store, pipeline: str) -> list[dict]:
     """One row per (checkpoint ref, env, n): its metrics, the evaluation's ref, and the checkpoint's
     run and creation time; the newest evaluation wins when settings repeat."""
-    manifests = committed_manifests(store, pipeline)
+    manifests = store.manifests(pipeline)
     evaluated = [m for m in manifests.values()
                  if m["kind"] == "dataset" and m["producer"].get("stage_kind") == "evaluate"]
     rows: dict[tuple, dict] = {}

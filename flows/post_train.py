@@ -9,15 +9,17 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Failed
 
 from artifacts.refs import hash_value
-from artifacts.store import AlreadyExists, Store, now_iso
+from artifacts.store import AlreadyExists, Store, StoreLocation, now_iso
 from flows.deploy import stage_job_variables
 from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
-from flows.spec import PipelineSpec, load_spec, parse_spec, topological_order
+from flows.spec import PipelineSpec, load_spec, parse_spec_text, topological_order
 from flows.stage_flow import submit_stage
-from flows.stage_requests import new_run_id, stage_request, stage_task_options, state_error
-from tasks.config import PRIMARY_OUTPUT
-from tasks.runner import cached_result, code_version, run_stage, warm_up
+from flows.stage_requests import new_run_id, stage_request, state_error
+from tasks.request import StageRequest
+from tasks.runtime.cache import cached_result, code_version
+from tasks.runtime.launch import warm_up
+from tasks.runtime.runner import run_stage, stage_task_options
 
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
@@ -39,22 +41,24 @@ def save_spec(store: Store, text: str) -> str:
 
 
 @flow(name="post-train")
-def post_train(spec: str | dict, store: str | None = None, run_id: str | None = None,
-               spec_hash: str | None = None):
+def post_train(spec: str | None = None, store: str | None = None, run_id: str | None = None,
+               spec_text: str | None = None, spec_hash: str | None = None):
     """Run every stage in dependency order; a failed stage stops everything downstream of it.
 
-    `spec` is a spec file's path (how a deployment runs it) or the parsed spec (the CLI, which has
-    already saved its text under `spec_hash`); `store` overrides the spec's store.
+    The spec comes as a file's path (`spec`, how a deployment runs it) or as its text (`spec_text`,
+    from the CLI, which has already saved it under `spec_hash`); `store` overrides the spec's store.
     """
     logger = get_run_logger()
     warm_up()
-    if isinstance(spec, str):
-        pipeline, text = load_spec(spec)
-        artifact_store = Store(store or pipeline.store, pipeline.storage_options)
-        spec_hash = save_spec(artifact_store, text)
+    if spec_text is None:
+        if spec is None:
+            raise ValueError("post_train needs a spec: a file path (spec) or its text (spec_text)")
+        pipeline, spec_text = load_spec(spec)
     else:
-        pipeline = parse_spec(spec)
-        artifact_store = Store(store or pipeline.store, pipeline.storage_options)
+        pipeline = parse_spec_text(spec_text)
+    location = pipeline.store_location(store)
+    artifact_store = location.open()
+    spec_hash = spec_hash or save_spec(artifact_store, spec_text)
     run_id = run_id or new_run_id(pipeline.name)
     inline_evaluation = pipeline.evaluation.on_new_checkpoint and ephemeral()
     if inline_evaluation:
@@ -69,19 +73,19 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
         if any(dep not in output_of for dep in deps):
             summary["not_run"].append(stage.id)
             continue
-        request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=artifact_store,
+        request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=location,
                                 run_id=run_id, spec_hash=spec_hash)
         stage_began = time.monotonic()
-        record = run_one_stage(pipeline, stage, request, artifact_store)
+        record = run_one_stage(pipeline, request, artifact_store)
         if record["state"] != "failed":
-            output_of[stage.id] = record["outputs"][PRIMARY_OUTPUT[stage.kind]]
+            output_of[stage.id] = record["outputs"][type(stage).primary]
             logger.info(f"{stage.id}: {record['state']} -> {', '.join(record['outputs'].values())}")
             # cached stages too: the artifact belongs to this flow run, whose UI should show it
             publish_reports(artifact_store, pipeline.name, stage.id, record["outputs"])
         else:
             logger.error(f"{stage.id}: failed: {record['error']}")
         if inline_evaluation:
-            summary["evaluations"] += [evaluate_inline(ref, artifact_store) for ref in record["new_checkpoints"]]
+            summary["evaluations"] += [evaluate_inline(ref, location) for ref in record["new_checkpoints"]]
         record["seconds"] = round(time.monotonic() - stage_began, 3)
         summary["stages"].append(record)
         artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)
@@ -94,34 +98,32 @@ def post_train(spec: str | dict, store: str | None = None, run_id: str | None = 
     return summary
 
 
-def run_one_stage(pipeline: PipelineSpec, stage, request: dict, artifact_store: Store) -> dict:
+def run_one_stage(pipeline: PipelineSpec, request: StageRequest, artifact_store: Store) -> dict:
     """Run a stage here or on a worker (`workers.deployment`); returns its summary record, with the
     checkpoints it committed in this run under `new_checkpoints`."""
-    options = stage_task_options(pipeline, stage, stage.id)
-    timeout = pipeline.resolved(stage).timeout_seconds
-    record = {"id": stage.id, "kind": stage.kind, "cache_key": request["cache_key"], "new_checkpoints": []}
+    stage = request.stage
+    record = {"id": stage.id, "kind": stage.kind, "cache_key": request.cache_key, "new_checkpoints": []}
     if pipeline.workers is None:
-        state = run_stage.with_options(**options)(request, timeout, return_state=True)
+        state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
         if not state.is_completed():
             return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": state_error(state)}
         result, cached = state.result(), state.name == "Cached"
     else:
-        job_variables = {**pipeline.workers.job_variables, **stage_job_variables(pipeline, stage)}
-        flow_run = submit_stage(pipeline.workers.deployment, request, timeout, options, job_variables,
-                                f"{request['run_id']}-{stage.id}")
-        result = cached_result(artifact_store, request["cache_key"])
+        job_variables = {**pipeline.workers.job_variables, **stage_job_variables(request.orchestration)}
+        flow_run = submit_stage(pipeline.workers.deployment, request, job_variables, f"{request.run_id}-{stage.id}")
+        result = cached_result(artifact_store, request.cache_key)
         if not flow_run.state.is_completed() or result is None:
             error = flow_run.state.message or flow_run.state.name
             return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": f"flow run {flow_run.name}: {error}"}
-        cached = result["run_id"] != request["run_id"]
+        cached = result["run_id"] != request.run_id
     return {**record, "state": "cached" if cached else "completed", "outputs": result["outputs"],
             "metrics": result["metrics"], "compute_seconds": result.get("compute_seconds"),
             "new_checkpoints": [] if cached else result.get("checkpoints", [])}
 
 
-def evaluate_inline(checkpoint_ref: str, store: Store) -> dict:
+def evaluate_inline(checkpoint_ref: str, store: StoreLocation) -> dict:
     """Ephemeral mode's stand-in for the checkpoint trigger: the evaluation flow as a subflow."""
-    state = evaluate(checkpoint_ref=checkpoint_ref, store=store.uri, storage_options=store.storage_options,
+    state = evaluate(checkpoint_ref=checkpoint_ref, store=store.uri, storage_options=store.options,
                      return_state=True)
     if not state.is_completed():
         error = state_error(state)

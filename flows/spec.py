@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifacts.store import credential_keys
-from envs.loader import ENV_CLASSES, EnvConfig, make_env
+from artifacts.store import StoreLocation, credential_keys
+from envs.loader import EnvConfig, make_env
 from models.config import ModelConfig
-from tasks.config import STAGE_OUTPUT, Defaults, Judge, SampledEval, StageConfig
+from tasks.config import Defaults, Judge, SampledEval, SpecRuleError, SpecView
+from tasks.kinds import StageConfig
 
 
 class SpecError(Exception):
     """A user mistake in a spec; str() is the one-line message."""
-
 
 
 class EvaluationConfig(BaseModel):
@@ -72,6 +73,10 @@ class PipelineSpec(BaseModel):
 
     def stage(self, stage_id: str):
         return next(s for s in self.stages if s.id == stage_id)
+
+    def store_location(self, uri: str | None = None) -> StoreLocation:
+        """The spec's store, or the store at `uri` (a `--store` override) with the spec's options."""
+        return StoreLocation(uri=uri or self.store, options=self.storage_options)
 
     def resolved(self, stage) -> Defaults:
         """The stage's retries/timeouts/gpus: its own where set, the spec defaults otherwise."""
@@ -166,14 +171,28 @@ def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read spec file ({exc.strerror or type(exc).__name__})") from None
+    return parse_spec_text(text, str(path)), text
+
+
+def parse_spec_text(text: str, source: str = "spec") -> PipelineSpec:
+    """Parse and validate a spec's YAML text (`source` names it in YAML errors). A process parses a
+    given text once: the CLI, the flow it starts and an inline evaluation reading the same text
+    back from the store share the result (keyed by the text and the environment variables it
+    names). The spec is shared, so nobody may modify it (model_copy(update=...) makes a new one)."""
+    names = sorted({match.group(1) for match in _ENV_VAR.finditer(text)})
+    return _parse_text(text, source, tuple((name, os.environ.get(name)) for name in names))
+
+
+@lru_cache(maxsize=16)
+def _parse_text(text: str, source: str, environment: tuple) -> PipelineSpec:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SpecError(f"{path}:{where}: bad YAML: {problem}") from None
-    return parse_spec(raw), text
+        raise SpecError(f"{source}:{where}: bad YAML: {problem}") from None
+    return parse_spec(raw)
 
 
 def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
@@ -185,7 +204,7 @@ def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
         return None
     text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
     try:
-        return parse_spec(yaml.safe_load(text))
+        return parse_spec_text(text, f"specs/{spec_hash}.yaml")
     except SpecError as exc:
         raise SpecError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
 
@@ -213,7 +232,7 @@ def _check_graph(spec: PipelineSpec) -> None:
         for field, target, wanted in stage.stage_refs():
             if target not in index:
                 raise SpecError(f"stages[{i}].{field}: unknown stage {target!r}")
-            produced = STAGE_OUTPUT[spec.stages[index[target]].kind]
+            produced = type(spec.stages[index[target]]).produces
             if produced != wanted:
                 raise SpecError(f"stages[{i}].{field}: stage {target!r} produces a {produced}, "
                                 f"a {wanted} is expected here")
@@ -221,41 +240,12 @@ def _check_graph(spec: PipelineSpec) -> None:
         if env_id not in spec.envs:
             raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
     _check_acyclic(spec, index)
-    _check_pairable(spec, index)
-    _check_one_sequence_envs(spec)
-
-
-def _check_one_sequence_envs(spec: PipelineSpec) -> None:
-    """A cod episode restarts its context for every task of a pack, so it is not one token
-    sequence: only steppo's per-step rows can train on it (not grpo, generate or preference)."""
-    for i, stage in enumerate(spec.stages):
-        env_ids = [stage.env] if stage.kind == "generate" else \
-            list(stage.envs) if stage.kind == "rl" and stage.algorithm == "grpo" else []
-        for env_id in env_ids:
-            if ENV_CLASSES[type(spec.envs[env_id])].restarts_context:  # a class flag: nothing to build
-                where = "env" if stage.kind == "generate" else f"envs.{env_id}"
-                kind = spec.envs[env_id].kind
-                raise SpecError(f"stages[{i}].{where}: env {env_id!r} ({kind}) restarts its context for every "
-                                f"task of a pack; only an rl stage with algorithm: steppo can train on it")
-
-
-def _check_pairable(spec: PipelineSpec, index: dict[str, int]) -> None:
-    """A preference stage needs groups with sampled completions to pick best and worst from."""
+    view = SpecView(stages=spec.stages, envs=spec.envs)
     for stage in spec.stages:
-        if stage.kind != "preference":
-            continue
-        for data in stage.datasets():
-            _check_pairable_source(spec, index[data], stage.id)
-
-
-def _check_pairable_source(spec: PipelineSpec, i: int, preference_id: str) -> None:
-    source, stage_id = spec.stages[i], preference_id
-    if source.samples < 1:
-        raise SpecError(f"stages[{i}].samples: must be at least 1, generate stage {source.id!r} feeds "
-                        f"preference stage {stage_id!r}, which pairs sampled completions")
-    if source.samples + source.greedy < 2:
-        raise SpecError(f"stages[{i}]: samples + greedy must be at least 2, generate stage {source.id!r} "
-                        f"feeds preference stage {stage_id!r}, which pairs two completions per prompt")
+        try:
+            stage.check_spec(view)
+        except SpecRuleError as exc:
+            raise SpecError(str(exc)) from None
 
 
 def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.runner import run_stage
+from tasks.request import StageRequest
+from tasks.runtime.runner import run_stage, stage_task_options
 
 
 @flow(name="post-train-stage")
-def stage_flow(request: dict, timeout_seconds: float, task_options: dict) -> dict[str, str]:
+def stage_flow(request: StageRequest) -> dict[str, str]:
     """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store."""
-    state = run_stage.with_options(**task_options)(request, timeout_seconds, return_state=True)
+    state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
     return state.result()["outputs"]  # a cached stage's task returns its Completed("Cached") state itself
 
 
-def submit_stage(deployment: str, request: dict, timeout_seconds: float, task_options: dict,
-                 job_variables: dict, flow_run_name: str):
+def submit_stage(deployment: str, request: StageRequest, job_variables: dict, flow_run_name: str):
     """Run the stage on a worker of `deployment`'s pool and wait; returns the finished flow run."""
     from prefect.deployments import run_deployment
 
-    return run_deployment(deployment, parameters={"request": request, "timeout_seconds": timeout_seconds,
-                                                  "task_options": task_options},
+    return run_deployment(deployment, parameters={"request": request.model_dump(mode="json")},
                           job_variables=job_variables, flow_run_name=flow_run_name, poll_interval=2)

@@ -1,5 +1,5 @@
-"""What the orchestrator hands a stage (its request: config, inputs, cache key, provenance; its
-task options and tags) and what it reads of the stage's final state."""
+"""What the orchestrator hands a stage (its request, resolved once from the spec: config, inputs,
+cache key, provenance, orchestration settings) and what it reads of the stage's final state."""
 
 from __future__ import annotations
 
@@ -7,52 +7,30 @@ import secrets
 from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
-from artifacts.store import Store
+from artifacts.store import StoreLocation
 from flows.spec import PipelineSpec
 from models.loading import base_identity
-from tasks.runner import code_version, stage_cache_key, task_folder_digest
+from tasks.request import Producer, StageRequest
+from tasks.runtime.cache import code_version, stage_cache_key, task_folder_digest
 
 
-def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: Store, run_id: str,
-                  spec_hash: str, output_name: str | None = None) -> dict:
-    """The request `tasks.runner.run_stage` runs; `output_name` renames its primary output
+def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: StoreLocation, run_id: str,
+                  spec_hash: str | None, output_name: str | None = None) -> StageRequest:
+    """The request `tasks.runtime.runner.run_stage` runs; `output_name` renames its primary output
     (default `<pipeline>/<stage id>`)."""
     env_ids = [env_id for _, env_id in stage.env_refs()]
-    envs = {env_id: spec.envs[env_id].model_dump() for env_id in env_ids}
-    model = spec.model.model_dump()
-    context = {"model": model, "base": base_identity(spec.model.base), "envs": envs,
-               "env_data": {env_id: task_folder_digest(spec.envs[env_id]) for env_id in env_ids}}
-    key = stage_cache_key(stage.kind, stage.params(), inputs, context)
-    producer = {"pipeline": spec.name, "run_id": run_id, "stage_id": stage.id, "stage_kind": stage.kind,
-                "config_hash": hash_value(stage.params())[:16], "code_version": code_version(),
-                "cache_key": key, "spec": spec_hash}
-    if stage.reads_base_model():
-        producer["base_model"] = context["base"]
-    request = {"stage": stage.model_dump(), "pipeline": spec.name, "run_id": run_id, "cache_key": key,
-               "model": model, "envs": envs, "inputs": inputs, "store": store.uri,
-               "storage_options": spec.storage_options, "producer": producer, "gpus": spec.resolved(stage).gpus,
-               "evaluate_new_checkpoints": spec.evaluation.on_new_checkpoint}
-    if output_name is not None:
-        request["output_name"] = output_name
-    return request
-
-
-def stage_tags(spec: PipelineSpec, stage) -> list[str]:
-    gpus = spec.resolved(stage).gpus
-    return ["posttrain", f"pipeline:{spec.name}", f"kind:{stage.kind}", "gpu" if gpus else "cpu"]
-
-
-# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
-# is a backstop a little later (it also covers the cache lookup and the commit).
-TIMEOUT_GRACE_SECONDS = 60
-
-
-def stage_task_options(spec: PipelineSpec, stage, task_run_name: str) -> dict:
-    """`run_stage.with_options(...)` for this stage: its retries, delay, timeout (+ grace) and tags."""
-    resolved = spec.resolved(stage)
-    return {"name": stage.kind, "task_run_name": task_run_name, "retries": resolved.retries,
-            "retry_delay_seconds": resolved.retry_delay_seconds,
-            "timeout_seconds": resolved.timeout_seconds + TIMEOUT_GRACE_SECONDS, "tags": stage_tags(spec, stage)}
+    envs = {env_id: spec.envs[env_id] for env_id in env_ids}
+    base = base_identity(spec.model.base)
+    context = {"model": spec.model.model_dump(), "base": base,
+               "envs": {env_id: config.model_dump() for env_id, config in envs.items()},
+               "env_data": {env_id: task_folder_digest(config) for env_id, config in envs.items()}}
+    key = stage_cache_key(stage, inputs, context)
+    producer = Producer(pipeline=spec.name, run_id=run_id, stage_id=stage.id, stage_kind=stage.kind,
+                        config_hash=hash_value(stage.params())[:16], code_version=code_version(), cache_key=key,
+                        spec=spec_hash, base_model=base if stage.reads_base_model() else None)
+    return StageRequest(stage=stage, pipeline=spec.name, run_id=run_id, cache_key=key, model=spec.model, envs=envs,
+                        inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
+                        evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name)
 
 
 def new_run_id(prefix: str) -> str:

@@ -6,7 +6,7 @@ deployments/prefect.yaml declares the same trigger for `prefect deploy` onto a w
 
 from __future__ import annotations
 
-from tasks.events import CHECKPOINT_CREATED, RESOURCE_PREFIX
+from tasks.runtime.events import CHECKPOINT_CREATED, RESOURCE_PREFIX
 
 EVALUATE_DEPLOYMENT = "evaluate-on-checkpoint"
 # The event's payload becomes the evaluation flow's parameters (storage options as JSON text:

@@ -1,7 +1,7 @@
 """`posttrain serve-model`: one checkpoint behind an OpenAI-compatible chat API (FastAPI + uvicorn).
 
 A served checkpoint is a policy like any other (docs/DESIGN §7): a teacher for `synthesize`, a
-model for an OpenAI client, or the endpoint a rollout plays through (tasks/endpoint_policy.py).
+model for an OpenAI client, or the endpoint a rollout plays through (tasks/common/endpoint_policy.py).
 It decodes with the project's own engine, one request at a time, so a one-user-message request
 gives exactly what in-process evaluation gives for that prompt. Besides OpenAI's parameters it
 accepts vLLM's `add_generation_prompt`, `continue_final_message` (continue the final assistant

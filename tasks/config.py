@@ -1,14 +1,18 @@
-"""Typed configs of every stage kind; the YAML `stages:` entries mirror these one-to-one.
+"""What every stage kind's config shares: orchestration defaults, the kind's declaration, the
+spec-rule hook, and the field groups several kinds use (endpoints, optimizer, anti-doom).
 
-Kept free of heavy imports so that `posttrain validate` stays fast.
+Each stage kind's own config class lives in its module (tasks/stages/<kind>.py, or a package's
+module declared through the `posttrain.stages` entry points; tasks/kinds.py collects them). The
+YAML `stages:` entries mirror those classes one-to-one. Kept free of heavy imports so that
+`posttrain validate` stays fast.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field
 
 from data_contracts.config import ContractConfig
 
@@ -16,6 +20,8 @@ StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
 
 class Defaults(BaseModel):
+    """A stage's orchestration settings: the spec's `defaults:`, and each stage's resolved ones."""
+
     model_config = ConfigDict(extra="forbid")
 
     retries: int = Field(2, ge=0)
@@ -24,10 +30,69 @@ class Defaults(BaseModel):
     gpus: int = Field(0, ge=0)
 
 
+# why a generate or grpo stage refuses an env whose episodes restart their context (cod's packs): such
+# an episode is not one token sequence, only steppo's rows per step can train on it
+ONE_SEQUENCE_ONLY = ("restarts its context for every task of a pack; only an rl stage with algorithm: steppo "
+                     "can train on it")
+
+
+class StageKindError(Exception):
+    """A package's stage kind cannot be used: it fails to import or declares itself wrongly
+    (tasks/kinds.py). Defined here so the CLI can catch it without loading the kinds."""
+
+
+class SpecRuleError(Exception):
+    """A stage's cross-stage rule refused the spec; the spec check prints `{path}: {message}`."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path, self.message = path, message
+
+
+@dataclass(frozen=True)
+class SpecView:
+    """What a stage's `check_spec` sees of the whole spec: the stages (their references already
+    resolve, the graph has no cycle) and the env configs."""
+
+    stages: list
+    envs: dict  # env id -> env config
+
+    def index(self, stage_id: str) -> int:
+        return next(i for i, stage in enumerate(self.stages) if stage.id == stage_id)
+
+    def stage(self, stage_id: str):
+        return self.stages[self.index(stage_id)]
+
+    def env_class(self, env_id: str) -> type:
+        from envs.loader import ENV_CLASSES
+
+        return ENV_CLASSES[type(self.envs[env_id])]
+
+    def error(self, stage_id: str, field: str | None, message: str) -> SpecRuleError:
+        """The error to raise for `field` of stage `stage_id` (None: the stage as a whole)."""
+        path = f"stages[{self.index(stage_id)}]" + (f".{field}" if field else "")
+        return SpecRuleError(path, message)
+
+
 class StageBase(BaseModel):
-    """Fields every stage has; the orchestration ones fall back to the spec's `defaults`."""
+    """Fields every stage has (the orchestration ones fall back to the spec's `defaults`), and the
+    declaration every stage kind makes as class attributes (not spec fields):
+
+    - `outputs`: the keys of the outputs its `run` returns; `primary`: the one downstream stages
+      read, committed as `<pipeline>/<stage id>` (the others as `<pipeline>/<stage id>.<key>`);
+    - `produces`: what the spec's graph sees its primary output as (`dataset` of SFT examples,
+      `rollouts`, `checkpoint`, `evaluation`), so a `policy:` cannot name a dataset;
+    - `preload`: heavy modules its process needs, imported once by the warm fork server;
+    - `runs`: the module holding `run(stage, ctx)`; None means the config class's own module.
+    """
 
     model_config = ConfigDict(extra="forbid")
+
+    outputs: ClassVar[tuple[str, ...]]
+    primary: ClassVar[str]
+    produces: ClassVar[str]
+    preload: ClassVar[tuple[str, ...]] = ()
+    runs: ClassVar[str | None] = None
 
     id: str = StageId
     retries: int | None = Field(None, ge=0)
@@ -36,17 +101,33 @@ class StageBase(BaseModel):
     gpus: int | None = Field(None, ge=0)
     contract: ContractConfig | None = None  # overrides for the data contract of the stage's dataset
 
+    @classmethod
+    def kind_name(cls) -> str:
+        return cls.model_fields["kind"].annotation.__args__[0]
+
+    @classmethod
+    def run_module(cls) -> str:
+        return cls.runs or cls.__module__
+
     def env_refs(self) -> list[tuple[str, str]]:
         """(field path, env id) pairs this stage names."""
         return []
 
     def stage_refs(self) -> list[tuple[str, str, str]]:
-        """(field path, stage id, artifact kind expected) for every input stage."""
+        """(field path, stage id, what that stage must produce) for every input stage."""
         return []
 
     def reads_base_model(self) -> bool:
         """Whether the stage starts from the spec's base model (not from an input checkpoint)."""
         return False
+
+    def check_spec(self, spec: SpecView) -> None:
+        """The kind's rules across stages and envs, run once the references resolve; raise
+        `spec.error(stage id, field, message)`."""
+
+    def check_pairable(self, spec: SpecView, preference_id: str) -> None:
+        """Called when preference stage `preference_id` pairs this stage's rollouts: raise unless
+        every prompt group holds two completions, sampled ones among them."""
 
     def params(self) -> dict:
         """What decides the stage's output (its cache key), without orchestration settings."""
@@ -74,34 +155,9 @@ class EndpointTeacher(Endpoint):
 
 
 class Judge(Endpoint):
-    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/judge.py)."""
+    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/common/judge.py)."""
 
     max_tokens: int = Field(8, gt=0)
-
-
-class SynthesizeStage(StageBase):
-    """Teacher traces for SFT from an environment's train split."""
-
-    kind: Literal["synthesize"]
-    env: str
-    n: int = Field(gt=0)
-    teacher: Literal["oracle"] | EndpointTeacher = "oracle"  # the env's programmatic oracle, or a model
-    seed: int = 0
-
-    @field_validator("teacher", mode="before")
-    @classmethod
-    def _oracle_or_endpoint(cls, value):
-        """A mapping is an endpoint teacher: its own errors name its fields (`teacher.model: missing`)
-        instead of listing why it is not 'oracle' either."""
-        if isinstance(value, dict):
-            return EndpointTeacher.model_validate(value)
-        if value != "oracle" and not isinstance(value, EndpointTeacher):
-            raise PydanticCustomError("teacher", "expected 'oracle' or an endpoint teacher (a mapping with "
-                                                 "endpoint and model)")
-        return value
-
-    def env_refs(self):
-        return [("env", self.env)]
 
 
 class TrainStage(StageBase):
@@ -131,43 +187,6 @@ class DatasetTrainStage(TrainStage):
         if isinstance(self.data, str):
             return [("data", self.data, kind)]
         return [(f"data[{i}]", data, kind) for i, data in enumerate(self.data)]
-
-
-class SftStage(DatasetTrainStage):
-    """Supervised fine-tuning with a completion-only loss."""
-
-    kind: Literal["sft"]
-    policy: str | None = None  # a checkpoint stage; the spec's base model when absent
-
-    def reads_base_model(self) -> bool:
-        return self.policy is None
-
-    def stage_refs(self):
-        refs = self.data_refs("dataset")
-        if self.policy is not None:
-            refs.append(("policy", self.policy, "checkpoint"))
-        return refs
-
-
-class PreferenceStage(DatasetTrainStage):
-    """Preference alignment on rollouts: best vs worst completion per prompt, DPO-family loss.
-
-    The input checkpoint `policy` is the reference model; its log-probs of every pair are
-    computed once, before training, and stored with the pairs.
-    """
-
-    kind: Literal["preference"]
-    policy: str
-    method: Literal["dpo", "ln_dpo", "ipo"] = "dpo"
-    beta: float = Field(0.1, gt=0)
-    min_reward_gap: float = Field(0.0, ge=0)  # pairs need chosen - rejected reward above this
-    learning_rate: float = Field(2e-5, gt=0)
-    batch_size: int = Field(16, gt=0)
-    warmup_steps: int = Field(10, ge=0)
-    max_seq_len: int = Field(256, gt=8)
-
-    def stage_refs(self):
-        return [("policy", self.policy, "checkpoint"), *self.data_refs("rollouts")]  # data: generate stages
 
 
 class AntiDoom(BaseModel):
@@ -202,123 +221,8 @@ class Overlong(BaseModel):
     penalty: float = Field(1.0, ge=0)
 
 
-class RlStage(TrainStage):
-    """On-policy RL from verifiable rewards over a weighted mix of environments.
-
-    `grpo`: one training row per trajectory (env-written tokens masked), token-level ratio.
-    `steppo`: one row per turn (the action), critic-free step advantages from group-normalized
-    rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO). With `credit: cod`,
-    Connect the Dots packs get mean-style returns against the same slot of the pack's other
-    rollouts (DOMAIN.md, CoD), by default without std scaling (`scale_rewards` left unset).
-    """
-
-    kind: Literal["rl"]
-    policy: str
-    envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> mixing weight
-    algorithm: Literal["grpo", "steppo"] = "grpo"
-    loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(8, gt=0)
-    group_size: int = Field(8, ge=2)
-    epsilon_low: float = Field(0.2, ge=0, lt=1)  # clip range (binds once a batch is reused)
-    epsilon_high: float = Field(0.28, ge=0)
-    beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint (with LoRA: the adapter-disabled base)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    num_iterations: int = Field(1, ge=1)  # updates per batch; the ratio's old policy is the sampling one
-    gamma: float = Field(1.0, gt=0, le=1)  # steppo: discount of the reward-to-go
-    credit: Literal["reward_to_go", "cod"] = "reward_to_go"  # steppo: how step rewards become returns
-    dynamic_sampling: DynamicSampling | None = None
-    overlong: Overlong | None = None
-    mask_truncated: bool = False  # actions cut by max_tokens add no gradient (grpo: their whole trajectory)
-    temperature: float = Field(1.0, gt=0)
-    max_tokens: int = Field(64, gt=0)
-    anti_doom: AntiDoom | None = None
-    learning_rate: float = Field(1e-5, gt=0)
-    warmup_steps: int = Field(5, ge=0)
-    checkpoint_every: int = Field(50, gt=0)
-
-    @model_validator(mode="after")
-    def _clip_range(self):
-        if self.epsilon_high < self.epsilon_low:
-            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon_low ({self.epsilon_low})")
-        if self.overlong is not None and self.overlong.buffer >= self.max_tokens:
-            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
-        if self.credit == "cod" and self.algorithm != "steppo":
-            raise ValueError("credit: cod assigns credit per step; use algorithm: steppo")
-        if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
-            self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
-        return self
-
-    def env_refs(self):
-        return [(f"envs.{env_id}", env_id) for env_id in self.envs]
-
-    def stage_refs(self):
-        return [("policy", self.policy, "checkpoint")]
-
-
-class GenerateStage(StageBase):
-    """On-policy rollouts: `samples` sampled + `greedy` greedy completions per prompt, scored by the env."""
-
-    kind: Literal["generate"]
-    policy: str
-    env: str
-    n: int = Field(gt=0)  # prompts
-    split: Literal["train", "eval"] = "train"
-    samples: int = Field(5, ge=0)
-    greedy: int = Field(1, ge=0)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0)
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _some_completions(self):
-        if self.samples + self.greedy < 1:
-            raise ValueError("samples + greedy must be at least 1")
-        return self
-
-    def env_refs(self):
-        return [("env", self.env)]
-
-    def stage_refs(self):
-        return [("policy", self.policy, "checkpoint")]
-
-
 class SampledEval(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-
-
-class EvaluateStage(StageBase):
-    """Held-out accuracy, format rate, doom-loop rate and length per checkpoint and env."""
-
-    kind: Literal["evaluate"]
-    checkpoints: list[str] = Field(min_length=1)
-    envs: list[str] = Field(min_length=1)
-    n: int = Field(200, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0)
-    sampled: SampledEval | None = SampledEval()
-    judge: Judge | None = None  # also a judge model's verdict on every greedy answer
-    seed: int = 0
-
-    def env_refs(self):
-        return [(f"envs[{i}]", env) for i, env in enumerate(self.envs)]
-
-    def stage_refs(self):
-        return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
-
-
-# The output key of each kind's primary artifact (what downstream stages read); the others are
-# secondary (`.report`, `.pairs`). Looked up by key: JSON written with sorted keys loses the order.
-PRIMARY_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
-                  "rl": "checkpoint", "evaluate": "results"}
-STAGE_OUTPUT = {"synthesize": "dataset", "generate": "rollouts", "sft": "checkpoint", "preference": "checkpoint",
-                "rl": "checkpoint", "evaluate": "evaluation"}
-
-StageConfig = Annotated[Union[SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage],
-                        Field(discriminator="kind")]
-STAGE_CONFIG = TypeAdapter(StageConfig)

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
+from envs.base import RESTART_SEPARATOR
 from envs.cod import CodEnv, CodEnvConfig, rule_text, solve_prompt
 from models.sampling import SamplingParams, chat_prompt
-from tasks.rollouts import RESTART_SEPARATOR, ScriptedPolicy, roll_out
+from tasks.common.rollouts import ScriptedPolicy, roll_out
 
 ENV = CodEnv(CodEnvConfig(kind="cod"))
 PARAMS = SamplingParams(64)
@@ -128,9 +129,8 @@ def test_splits_hold_different_rules_and_eval_packs_are_longer():
 
 def test_scored_packs_are_paid_per_solve_and_credited_per_slot(tokenizer):
     from envs.doom import DoomLoopDetector
-    from tasks.config import RlStage
-    from tasks.rl import batch_metrics, score_trajectory
-    from tasks.rl_batch import training_rows
+    from tasks.common.rl_batch import training_rows
+    from tasks.stages.rl import RlStage, batch_metrics, score_trajectory
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=1, algorithm="steppo", credit="cod")
     task = ENV.tasks("train", 1, 0)[0]
@@ -152,7 +152,7 @@ def rl_context(tmp_path, envs):
     from artifacts.store import Store
     from models.config import ModelConfig
     from models.presets import materialize
-    from tasks.stage import StageContext
+    from tasks.common.context import StageContext
 
     store = Store(f"file://{tmp_path / 'store'}")
     policy = store.commit("t/sft", "checkpoint", materialize("tiny-llama"), producer={})
@@ -161,8 +161,7 @@ def rl_context(tmp_path, envs):
 
 
 def test_rl_refuses_grpo_on_restarted_contexts(tmp_path):
-    from tasks.config import RlStage
-    from tasks.rl import run
+    from tasks.stages.rl import RlStage, run
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"packs": 1.0}, steps=1)
     with pytest.raises(ValueError, match="env 'packs' restarts contexts \\(cod\\); use algorithm: steppo"):
@@ -172,8 +171,7 @@ def test_rl_refuses_grpo_on_restarted_contexts(tmp_path):
 def test_steppo_with_cod_credit_runs_and_logs_reward_by_position(tmp_path):
     import json
 
-    from tasks.config import RlStage
-    from tasks.rl import run
+    from tasks.stages.rl import RlStage, run
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=2, algorithm="steppo", credit="cod",
                     prompts_per_step=2, group_size=2, max_tokens=12)

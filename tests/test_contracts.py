@@ -7,7 +7,7 @@ import pytest
 
 from data_contracts.config import ContractConfig, ContractParams
 from data_contracts.validate import data_docs_html, validate
-from flows.cli import main
+from flows.cli.main import main
 
 
 def sft_rows(n=6):
@@ -172,9 +172,9 @@ DEFECTS = {
 def test_each_defect_is_quarantined_not_committed(defect, tmp_path):
     from artifacts.store import Store
     from models.config import ModelConfig
-    from tasks.contracts import ContractViolation, check
-    from tasks.datasets import write_rows
-    from tasks.stage import StageContext, StageOutput
+    from tasks.common.context import StageContext, StageOutput
+    from tasks.common.contract_gate import ContractViolation, check
+    from tasks.common.datasets import write_rows
 
     make_frame, params, offending_id = DEFECTS[defect]
     store = Store(str(tmp_path / "store"))

@@ -112,14 +112,14 @@ def test_a_process_pool_accepts_and_ignores_the_gpus_job_variable():
 # --- stage -> job variables -> pod ----------------------------------------------------------------
 
 def test_stage_job_variables_carry_the_resolved_gpus(lfm2):
-    gpus = {stage.id: stage_job_variables(lfm2, stage) for stage in lfm2.stages}
+    gpus = {stage.id: stage_job_variables(lfm2.resolved(stage)) for stage in lfm2.stages}
     assert gpus["rl"] == {"gpus": 2}  # the stage's own
     assert gpus["sft"] == {"gpus": 1}  # the spec's defaults.gpus
     assert gpus["warm-term"] == {"gpus": 0}
 
 
 def test_a_two_gpu_stage_requests_two_gpus(template, lfm2):
-    rendered = render_job_template(template, stage_job_variables(lfm2, lfm2.stage("rl")))
+    rendered = render_job_template(template, stage_job_variables(lfm2.resolved(lfm2.stage("rl"))))
     limits = container(rendered)["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": 2}  # cpu/memory limits unset by default: their keys are dropped
     assert "nvidia.com/gpu" not in container(rendered)["resources"].get("requests", {})  # k8s: request = limit
@@ -135,12 +135,12 @@ def test_a_two_gpu_stage_of_a_minimal_spec(template, tmp_path):
         "envs": {"arith": {"kind": "arith", "digits": 2}}, "defaults": {"gpus": 1},
         "stages": [{"id": "warmup", "kind": "synthesize", "env": "arith", "n": 10, "gpus": 0},
                    {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 2, "gpus": 2}]})
-    rendered = render_job_template(template, stage_job_variables(spec, spec.stage("sft")))
+    rendered = render_job_template(template, stage_job_variables(spec.resolved(spec.stage("sft"))))
     assert container(rendered)["resources"]["limits"]["nvidia.com/gpu"] == 2
 
 
 def test_placement_comes_from_the_pool_and_is_overridable(template, lfm2):
-    variables = stage_job_variables(lfm2, lfm2.stage("rl"))
+    variables = stage_job_variables(lfm2.resolved(lfm2.stage("rl")))
     # per flow run (or deployment): job variables replace the pool's defaults
     toleration = {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
     rendered = render_job_template(template, {**variables, "node_selector": H100, "tolerations": [GPU_TAINT, toleration],
@@ -164,12 +164,12 @@ def test_placement_comes_from_the_pool_and_is_overridable(template, lfm2):
 
 def test_a_zero_gpu_stage_requests_zero_gpus(template, lfm2):
     """Documented choice: 0 renders as `nvidia.com/gpu: 0`, which Kubernetes accepts (no device is allocated)."""
-    rendered = render_job_template(template, stage_job_variables(lfm2, lfm2.stage("warm-term")))
+    rendered = render_job_template(template, stage_job_variables(lfm2.resolved(lfm2.stage("warm-term"))))
     assert container(rendered)["resources"]["limits"] == {"nvidia.com/gpu": 0}
 
 
 def test_the_prepared_manifest_is_what_kubernetes_takes(template, lfm2):
-    rendered = render_job_template(template, {**stage_job_variables(lfm2, lfm2.stage("rl")), "cpu_limit": "32",
+    rendered = render_job_template(template, {**stage_job_variables(lfm2.resolved(lfm2.stage("rl"))), "cpu_limit": "32",
                                               "env": {"POSTTRAIN_BUCKET": "runs"}},
                                    flow_run_name="lfm2-agentic-rl")
     manifest = rendered["job_manifest"]

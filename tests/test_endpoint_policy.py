@@ -3,12 +3,12 @@ server on 127.0.0.1, the official client). A multi-turn episode continues its co
 `continue_final_message` and plays exactly as the local model does."""
 
 import pytest
-
 from conftest import free_port
-from models.sampling import SamplingParams
-from tasks.endpoint_policy import EndpointError, EndpointPolicy
-from tasks.rollouts import Context, LocalPolicy, roll_out
 from test_serve_model import ARITH, CALC, NAME, local_model
+
+from models.sampling import SamplingParams
+from tasks.common.endpoint_policy import EndpointError, EndpointPolicy
+from tasks.common.rollouts import Context, LocalPolicy, roll_out
 
 
 def test_multi_turn_episodes_through_the_endpoint_equal_the_local_ones(base_url):

@@ -2,7 +2,7 @@
 
 import shutil
 
-from flows.cli import main
+from flows.cli.main import main
 
 SHIPPED = "envs/data/terminal"
 

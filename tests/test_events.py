@@ -2,12 +2,21 @@
 
 from pathlib import Path
 
-from tasks.events import checkpoint_event
-from tasks.runner import Announcements
+from artifacts.store import StoreLocation
+from models.config import ModelConfig
+from tasks.config import Defaults
+from tasks.request import Producer, StageRequest
+from tasks.runtime.events import checkpoint_event
+from tasks.runtime.runner import Announcements
+from tasks.stages.rl import RlStage
 
-REQUEST = {"stage": {"id": "rl"}, "pipeline": "agentic", "store": "s3://bucket/runs",
-           "storage_options": {"endpoint_url": "http://127.0.0.1:9000"}, "run_id": "agentic-1",
-           "producer": {"spec": "0123abcd0123abcd"}, "evaluate_new_checkpoints": True}
+REQUEST = StageRequest(
+    stage=RlStage(kind="rl", id="rl", policy="align", envs={"arith": 1.0}, steps=1), pipeline="agentic",
+    run_id="agentic-1", cache_key="0" * 32, model=ModelConfig(), envs={}, inputs={"align": "agentic/align@" + "a" * 16},
+    store=StoreLocation(uri="s3://bucket/runs", options={"endpoint_url": "http://127.0.0.1:9000"}),
+    producer=Producer(pipeline="agentic", run_id="agentic-1", stage_id="rl", stage_kind="rl", config_hash="c" * 16,
+                      code_version="d" * 16, cache_key="0" * 32, spec="0123abcd0123abcd"),
+    orchestration=Defaults(), evaluate_new_checkpoints=True)
 
 
 def test_checkpoint_event_names_the_checkpoint_and_carries_what_an_evaluation_needs():
@@ -21,7 +30,7 @@ def test_checkpoint_event_names_the_checkpoint_and_carries_what_an_evaluation_ne
                                 "storage_options": {"endpoint_url": "http://127.0.0.1:9000"},
                                 "pipeline": "agentic", "stage": "rl", "step": 50, "run_id": "agentic-1",
                                 "spec": "0123abcd0123abcd"}
-    quiet = checkpoint_event("agentic/rl@00112233aabbccdd", {**REQUEST, "evaluate_new_checkpoints": False}, None)
+    quiet = checkpoint_event("agentic/rl@00112233aabbccdd", REQUEST.model_copy(update={"evaluate_new_checkpoints": False}), None)
     assert quiet["resource"]["posttrain.evaluate"] == "false"  # the trigger does not match it
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from tasks.config import EvaluateStage, Judge
-from tasks.judge import judge_metrics, judge_prompt, verdict
+from tasks.common.judge import judge_metrics, judge_prompt, verdict
+from tasks.config import Judge
+from tasks.stages.evaluate import EvaluateStage
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
 JUDGE_STEPS = 80
@@ -34,7 +35,7 @@ def judge_checkpoint() -> Path:
     number: no): it replies in the judge's format, which is what this test needs of it."""
     from tiny_sft import sft_folder, tiny_llama
 
-    from tasks.sft import encode_example
+    from tasks.common.encoding import encode_example
 
     model, tokenizer = tiny_llama()
     examples = []
@@ -53,8 +54,8 @@ def test_an_evaluation_graded_by_a_judge_endpoint():
     from models.config import ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
-    from tasks.evaluate import evaluate_policy
-    from tasks.rollouts import LocalPolicy
+    from tasks.common.rollouts import LocalPolicy
+    from tasks.stages.evaluate import evaluate_policy
 
     policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
     tokenizer = load_tokenizer(materialize("tiny-llama"))
@@ -73,8 +74,8 @@ def test_an_unreachable_judge_is_one_line():
 
     from models.loading import load_tokenizer
     from models.presets import materialize
-    from tasks.endpoint_policy import EndpointError
-    from tasks.judge import judge_rows
+    from tasks.common.endpoint_policy import EndpointError
+    from tasks.common.judge import judge_rows
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EndpointError) as error:

@@ -5,10 +5,10 @@ from models.loading import load_tokenizer
 from models.losses import IGNORE_INDEX
 from models.presets import materialize
 from models.sampling import SamplingParams
-from tasks.preference import encode_pairs, preference_pairs
-from tasks.rollouts import ScriptedPolicy, roll_out
-from tasks.sft import encode_row
-from tasks.synthesize import multi_turn_rows, segments
+from tasks.common.encoding import encode_row
+from tasks.common.rollouts import ScriptedPolicy, roll_out
+from tasks.stages.preference import encode_pairs, preference_pairs
+from tasks.stages.synthesize import multi_turn_rows, segments
 
 ENV = CalcEnv(CalcEnvConfig(kind="calc", operands=3, digits=2))
 TOKENIZER = load_tokenizer(materialize("tiny-llama"))
@@ -61,10 +61,9 @@ def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
 
 def test_generate_writes_whole_episodes_with_complementary_masks():
     from envs.doom import DoomLoopDetector
-    from models.loading import load_model
     from models.config import ModelConfig
-    from tasks.config import GenerateStage
-    from tasks.generate import episode_rows
+    from models.loading import load_model
+    from tasks.stages.generate import GenerateStage, episode_rows
 
     model = load_model(materialize("tiny-llama"), ModelConfig())
     stage = GenerateStage(kind="generate", id="g", policy="sft", env="calc", n=2, samples=2, greedy=1, max_tokens=8)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from models.losses import IGNORE_INDEX, preference_loss, sequence_logps
-from tasks.preference import preference_pairs
-from tasks.sft import encode_ids
+from tasks.common.encoding import encode_ids
+from tasks.stages.preference import preference_pairs
 
 
 def rollout(prompt_id: str, index: int, reward: float, tokens: int, mode: str = "sampled", doom: bool = False):
@@ -89,8 +89,8 @@ def stage_context(tmp_path, rewards: list[float], model_config):
     from artifacts.store import Store
     from models.loading import load_tokenizer
     from models.presets import materialize
-    from tasks.datasets import write_rows
-    from tasks.stage import StageContext
+    from tasks.common.context import StageContext
+    from tasks.common.datasets import write_rows
 
     store = Store(f"file://{tmp_path / 'store'}")
     folder = materialize("tiny-llama")
@@ -111,7 +111,7 @@ def stage_context(tmp_path, rewards: list[float], model_config):
 
 
 def align_stage(**overrides):
-    from tasks.config import PreferenceStage
+    from tasks.stages.preference import PreferenceStage
 
     return PreferenceStage(**{"kind": "preference", "id": "align", "policy": "sft", "data": "onpolicy",
                               "method": "ln_dpo", "max_steps": 3, "batch_size": 2, "learning_rate": 1e-3,
@@ -124,8 +124,8 @@ def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
     from models.sampling import chat_prompt
-    from tasks.datasets import read_rows
-    from tasks.preference import reference_logps, run
+    from tasks.common.datasets import read_rows
+    from tasks.stages.preference import reference_logps, run
 
     ctx = stage_context(tmp_path, [1.2, 0.0], ModelConfig(base="tiny-llama", lora={"r": 4, "alpha": 8}))
     outputs = run(align_stage(), ctx)
@@ -147,8 +147,8 @@ def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path
 
 def test_rollouts_without_a_single_pair_fail_the_stage_without_retries(tmp_path):
     from models.config import ModelConfig
-    from tasks.contracts import ContractViolation
-    from tasks.preference import run
+    from tasks.common.contract_gate import ContractViolation
+    from tasks.stages.preference import run
 
     ctx = stage_context(tmp_path, [0.2, 0.2], ModelConfig())
     with pytest.raises(ContractViolation, match=r"no preference pairs in t/onpolicy@[0-9a-f]{16}: all 3 prompt "

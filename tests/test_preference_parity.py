@@ -15,8 +15,8 @@ from models.loading import load_tokenizer
 from models.losses import preference_loss
 from models.presets import materialize
 from models.sampling import chat_prompt
-from tasks.preference import side_logps
-from tasks.sft import encode_ids
+from tasks.common.encoding import encode_ids
+from tasks.stages.preference import side_logps
 
 TRL_VERSION = "1.16.0"
 OUR_METHOD_FOR_TRL = {"sigmoid": "dpo", "sigmoid_norm": "ln_dpo", "ipo": "ipo"}

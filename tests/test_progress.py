@@ -1,6 +1,6 @@
 import io
 
-from tasks.progress import Progress, format_duration, format_metric
+from tasks.common.progress import Progress, format_duration, format_metric
 
 
 class Terminal(io.StringIO):

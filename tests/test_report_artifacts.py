@@ -6,7 +6,7 @@ from prefect.runtime import flow_run
 
 from artifacts.store import Store
 from flows.report_artifacts import artifact_key, publish_reports, report_refs, rewrite_relative_links
-from tasks.curves import write_training_report
+from tasks.common.curves import write_training_report
 
 
 @pytest.fixture(scope="module", autouse=True)

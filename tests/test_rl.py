@@ -6,9 +6,9 @@ import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.doom import DoomLoopDetector, repetition_excess
-from tasks.config import AntiDoom, RlStage
-from tasks.rl import anti_doom_rubric, score_trajectory, step_tasks
-from tasks.rollouts import Trajectory, TurnRecord
+from tasks.common.rollouts import Trajectory, TurnRecord
+from tasks.config import AntiDoom
+from tasks.stages.rl import RlStage, anti_doom_rubric, score_trajectory, step_tasks
 
 ENV = ArithEnv(ArithEnvConfig(kind="arith", digits=2))
 
@@ -56,7 +56,7 @@ def test_step_tasks_follow_the_weights_and_are_a_function_of_seed_and_step():
 
 def stage_context(tmp_path, workdir, store, policy_ref, envs, model=None):
     from models.config import ModelConfig
-    from tasks.stage import StageContext
+    from tasks.common.context import StageContext
 
     return StageContext(store=store, pipeline="t", run_id="r", stage_id="rl", cache_key="k",
                         model=model or ModelConfig(), envs=envs, inputs={"sft": str(policy_ref)},
@@ -76,7 +76,7 @@ def test_rl_stage_trains_and_resumes_from_its_in_stage_checkpoint(tmp_path, caps
 
     from models.config import ModelConfig
     from models.loading import load_model
-    from tasks.rl import run
+    from tasks.stages.rl import run
 
     store, policy_ref = committed_policy(tmp_path)
     stage = rl_stage(steps=4, prompts_per_step=2, group_size=3, max_tokens=8, checkpoint_every=2, beta=0.04,
@@ -115,7 +115,7 @@ def read_history(outputs) -> list[dict]:
 def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_and_batch_reuse(tmp_path):
     from envs.calc import CalcEnvConfig
     from models.config import LoraConfig, ModelConfig
-    from tasks.rl import run
+    from tasks.stages.rl import run
 
     store, policy_ref = committed_policy(tmp_path)
     envs = {"arith": ENV.config, "calc": CalcEnvConfig(kind="calc", max_turns=3)}
@@ -133,7 +133,7 @@ def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_and_batch_reuse(tmp_path):
 
 def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
     from tasks.config import DynamicSampling, Overlong
-    from tasks.rl import run
+    from tasks.stages.rl import run
 
     store, policy_ref = committed_policy(tmp_path)
     # every completion of the untrained model is cut at 8 tokens: the same −0.5 overlong reward for all

@@ -17,9 +17,9 @@ def model_and_tokenizer():
     from accelerate import Accelerator
 
     from envs.arith import ArithEnv, ArithEnvConfig
-    from tasks.config import SftStage
-    from tasks.sft import encode_example, train_step
-    from tasks.training import batch_indices, make_optimizer
+    from tasks.common.encoding import encode_example
+    from tasks.common.training import batch_indices, make_optimizer
+    from tasks.stages.sft import SftStage, train_step
 
     folder = materialize("tiny-llama")
     tokenizer = load_tokenizer(folder)

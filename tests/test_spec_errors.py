@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import POSTTRAIN
-from flows.cli import main
+
+from flows.cli.main import main
 
 GOOD = {
     "name": "t",

@@ -5,22 +5,24 @@ a spec is one line naming the field."""
 import copy
 
 import pytest
-
 from conftest import free_port
-from models.sampling import SamplingParams
-from tasks.config import STAGE_CONFIG, EndpointTeacher, SynthesizeStage
-from tasks.endpoint_policy import EndpointError
-from tasks.rollouts import LocalPolicy, roll_out
 from test_serve_model import ARITH, CALC, NAME, local_model, trained_checkpoint
+
+from models.sampling import SamplingParams
+from tasks.common.endpoint_policy import EndpointError
+from tasks.common.rollouts import LocalPolicy, roll_out
+from tasks.config import EndpointTeacher
+from tasks.kinds import STAGE_CONFIG
+from tasks.stages.synthesize import SynthesizeStage
 
 
 def synthesize(tmp_path, env_id: str, env_config, teacher: dict, n: int) -> tuple[list[dict], dict]:
     """The synthesize stage run as the runner runs it; its rows and metrics."""
     from artifacts.store import Store
     from models.config import ModelConfig
-    from tasks.datasets import read_rows
-    from tasks.stage import StageContext
-    from tasks.synthesize import run
+    from tasks.common.context import StageContext
+    from tasks.common.datasets import read_rows
+    from tasks.stages.synthesize import run
 
     stage = STAGE_CONFIG.validate_python({"id": "warmup", "kind": "synthesize", "env": env_id, "n": n,
                                           "teacher": teacher})
@@ -46,7 +48,7 @@ def test_single_turn_rows_are_the_endpoint_models_greedy_answers(tmp_path, base_
 
 
 def test_multi_turn_rows_are_the_endpoint_models_episodes(tmp_path, base_url):
-    from tasks.synthesize import trajectory_rows
+    from tasks.stages.synthesize import trajectory_rows
 
     model, tokenizer = local_model()
     rows, metrics = synthesize(tmp_path, "calc", CALC.config, {"endpoint": base_url, "model": NAME,
@@ -66,7 +68,7 @@ def test_an_unreachable_teacher_fails_the_stage_with_one_line(tmp_path):
 
 
 def test_the_api_key_comes_from_the_environment_variable_the_spec_names(monkeypatch):
-    from tasks.synthesize import teacher_policy
+    from tasks.stages.synthesize import teacher_policy
 
     _, tokenizer = local_model()
     teacher = EndpointTeacher(endpoint="http://127.0.0.1:1/v1", model=NAME, api_key_env="POSTTRAIN_TEST_TEACHER_KEY")

@@ -54,7 +54,7 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     promoted = align["metrics"]["promoted_checkpoints"]  # every 5 steps but the last, across the kill
     assert [ref.split("@")[0] for ref in promoted] == [f"tiny/align.step-{n}" for n in range(5, DPO_STEPS, 5)]
     manifests = Store(f"file://{store}")
-    assert manifests.manifest(checkpoint_ref)["inputs"]["align.pairs"] == pairs_ref
+    assert manifests.manifest(checkpoint_ref)["siblings"]["align.pairs"] == pairs_ref
     assert manifests.manifest(pairs_ref)["metrics"]["contract"]["success"] is True
     pairs = pd.read_parquet(manifests.fetch(pairs_ref) / "data.parquet")
     assert len(pairs) == align["metrics"]["pairs"] > 0
@@ -66,9 +66,27 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     assert stages["rl"]["state"] == "completed" and stages["rl"]["metrics"]["steps"] == 4
     lineage = posttrain("lineage", checkpoint_ref, "--store", f"file://{store}")
     assert pairs_ref in lineage.stdout and stages["onpolicy"]["outputs"]["rollouts"] in lineage.stdout
+    assert_lineage_is_a_dag(manifests, stages)
 
     again = posttrain("run", spec, "--summary-json", tmp_path / "again.json")
     assert again.returncode == 0
     run = summary(tmp_path / "again.json")
     assert [s["state"] for s in run["stages"]] == ["cached"] * 6
     assert by_id(run)["align"]["outputs"] == align["outputs"]
+
+
+def assert_lineage_is_a_dag(manifests: Store, stages: dict) -> None:
+    """The quickstart's shape (warmup -> sft -> onpolicy -> align -> rl): `lineage rl@latest` prints
+    each artifact once (sft is reached through align and onpolicy), and no manifest lists an
+    artifact of its own stage run among its inputs (those are its `siblings`)."""
+    rl_ref = stages["rl"]["outputs"]["checkpoint"]
+    lineage = posttrain("lineage", "tiny/rl@latest", "--store", manifests.uri)
+    assert lineage.returncode == 0 and lineage.stderr == f"tiny/rl@latest = {rl_ref}\n"
+    printed = [line.split("── ")[-1].split()[0] for line in lineage.stdout.splitlines() if "  stage " in line]
+    assert len(printed) == len(set(printed))
+    assert {stages[s]["outputs"][key] for s, key in (("warmup", "dataset"), ("sft", "checkpoint"),
+                                                      ("onpolicy", "rollouts"), ("align", "checkpoint"))} < set(printed)
+    assert f"{stages['sft']['outputs']['checkpoint']}  (shown above)" in lineage.stdout
+    for manifest in manifests.manifests("tiny").values():
+        own_run = manifest["producer"]["cache_key"]
+        assert all(manifests.manifest(ref)["producer"]["cache_key"] != own_run for ref in manifest["inputs"].values())

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from artifacts.refs import BadRef, Ref
+from artifacts.refs import Ref
 from artifacts.store import Store, StoreError, first_line
+from flows.cli.common import open_store, resolve_ref
 from flows.spec import SpecError, checkpoint_spec
 from models.config import ModelConfig
 
@@ -25,9 +26,11 @@ def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None
     """Fetch the checkpoint and serve it until interrupted; exit code."""
     from models.serving import ListenError, serve
 
-    folder, model = fetch_checkpoint(parse_ref(ref), open_store(store_uri))
+    store = open_store(store_uri, error=ServeModelInputError)
+    pinned = resolve_ref(store, ref, error=ServeModelInputError)
+    folder, model = fetch_checkpoint(pinned, store)
     try:
-        serve(folder, name or ref, host=host, port=port, model=model)
+        serve(folder, name or str(pinned), host=host, port=port, model=model)
     except ListenError as exc:
         raise ServeModelInputError(f"port: {exc}") from None
     return 0
@@ -49,19 +52,3 @@ def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
     except OSError as exc:  # a remote store that fails mid-copy
         raise ServeModelInputError(f"store: cannot read {ref} from {store.uri} ({type(exc).__name__}: "
                                    f"{first_line(exc)})") from None
-
-
-def parse_ref(text: str) -> Ref:
-    try:
-        return Ref.parse(text)
-    except BadRef as exc:
-        raise ServeModelInputError(f"ref: {exc}") from None
-
-
-def open_store(store_uri: str) -> Store:
-    try:
-        store = Store(store_uri)
-        store.check_reachable()
-    except StoreError as exc:
-        raise ServeModelInputError(f"store: {exc}") from None
-    return store

@@ -10,20 +10,21 @@ import sys
 from pathlib import Path
 
 from data_contracts.config import DATASET_KINDS
-from flows.cli_common import (
+from flows.cli.artifacts import add_artifact_commands
+from flows.cli.common import (
     DEFAULT_STORE,
     QUIET_DEFAULTS,
     UserError,
     check_prefect_api,
     open_spec,
     open_store,
-    parse_ref,
+    resolve_ref,
 )
-from flows.cli_serving import add_serving_commands
+from flows.cli.serving import add_serving_commands
 
 
 def cmd_validate(args) -> int:
-    from flows.report import print_dag
+    from flows.cli.report import print_dag
 
     spec, _ = open_spec(args.spec)
     print_dag(spec)
@@ -31,7 +32,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from flows.report import print_run_report
+    from flows.cli.report import print_run_report
 
     spec, text = open_spec(args.spec)
     store = open_store(args.store or spec.store, spec.storage_options)
@@ -42,7 +43,7 @@ def cmd_run(args) -> int:
 
     from flows.post_train import INLINE_EVALUATION, post_train, save_spec
     from flows.stage_requests import new_run_id
-    from tasks.runner import warm_up
+    from tasks.runtime.launch import warm_up
 
     warm_up()  # the stages' imports load while Prefect starts
 
@@ -53,8 +54,8 @@ def cmd_run(args) -> int:
         print(INLINE_EVALUATION if api is None else
               f"evaluation.on_new_checkpoint: checkpoint events go to {api}; the evaluate-on-checkpoint "
               "deployment (posttrain serve, or deployments/prefect.yaml) evaluates them", flush=True)
-    state = post_train.with_options(flow_run_name=run_id)(spec.model_dump(mode="json"), store.uri, run_id,
-                                                          spec_hash, return_state=True)
+    state = post_train.with_options(flow_run_name=run_id)(store=store.uri, run_id=run_id, spec_text=text,
+                                                          spec_hash=spec_hash, return_state=True)
     summary_path = store.path("runs", f"{run_id}.json")
     if not store.exists(summary_path):
         print(f"run {run_id} ended {state.name} before its first stage: {state.message}", file=sys.stderr)
@@ -67,8 +68,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from flows.cli.report import print_run_list, print_run_status
     from flows.leaderboard import evaluations
-    from flows.report import print_run_list, print_run_status
 
     store = open_store(args.store)
     if args.run_id:
@@ -82,37 +83,8 @@ def cmd_status(args) -> int:
     return 0
 
 
-def cmd_lineage(args) -> int:
-    from artifacts.lineage import lineage_lines
-    from artifacts.store import StoreError
-
-    store = open_store(args.store)
-    try:
-        print("\n".join(lineage_lines(store, parse_ref(args.ref))))
-    except StoreError as exc:
-        raise UserError(f"ref: {exc}") from None
-    return 0
-
-
-def cmd_verify(args) -> int:
-    from artifacts.store import StoreError
-
-    store, ref = open_store(args.store), parse_ref(args.ref)
-    try:
-        problems = store.verify(ref)
-    except StoreError as exc:
-        raise UserError(f"ref: {exc}") from None
-    if problems:
-        print(f"{ref}: TAMPERED")
-        for problem in problems:
-            print(f"  {problem}")
-        return 1
-    print(f"{ref}: ok ({len(store.manifest(ref)['files'])} files match their manifest)")
-    return 0
-
-
 def cmd_contracts_check(args) -> int:
-    from flows.contracts_cli import ContractInputError, check
+    from flows.cli.contracts import ContractInputError, check
 
     spec = open_spec(args.spec)[0] if args.spec else None
     try:
@@ -123,9 +95,10 @@ def cmd_contracts_check(args) -> int:
 
 def cmd_contracts_docs(args) -> int:
     from artifacts.store import StoreError
-    from flows.contracts_cli import ContractInputError, docs
+    from flows.cli.contracts import ContractInputError, docs
 
-    store, ref = open_store(args.store), parse_ref(args.ref)
+    store = open_store(args.store)
+    ref = resolve_ref(store, args.ref)
     try:
         page = docs(store, ref, args.out)
     except (ContractInputError, StoreError) as exc:
@@ -135,7 +108,7 @@ def cmd_contracts_docs(args) -> int:
 
 
 def cmd_envs_check(args) -> int:
-    from flows.envs_cli import EnvInputError, check
+    from flows.cli.envs import EnvInputError, check
 
     spec = open_spec(args.spec)[0] if args.spec else None
     try:
@@ -145,7 +118,7 @@ def cmd_envs_check(args) -> int:
 
 
 def cmd_sandbox(args) -> int:
-    from flows.envs_cli import EnvInputError, sandbox
+    from flows.cli.envs import EnvInputError, sandbox
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
@@ -156,6 +129,7 @@ def cmd_sandbox(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Declarative LLM post-training on Prefect.")
+    parser.add_argument("--version", action=VersionAction, help="print the release and code version, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a pipeline spec as a Prefect flow")
     run.add_argument("spec")
@@ -177,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--spec", help="take the contract's parameters (context, reward range) from this spec")
     check.set_defaults(func=cmd_contracts_check)
     docs = contracts.add_parser("docs", help="write the Data Docs of a committed dataset to a folder")
-    docs.add_argument("ref", help="name@version")
+    docs.add_argument("ref", help="name@version, or name@latest")
     docs.add_argument("--out", default="data-docs")
     docs.add_argument("--store", default=DEFAULT_STORE)
     docs.set_defaults(func=cmd_contracts_docs)
@@ -194,22 +168,44 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     box.set_defaults(func=cmd_sandbox)
     add_serving_commands(commands)
-    for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
-                             ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):
-        sub = commands.add_parser(name, help=text)
-        sub.add_argument("ref", help="name@version")
-        sub.add_argument("--store", default=DEFAULT_STORE)
-        sub.set_defaults(func=func)
+    add_artifact_commands(commands)
     return parser
 
 
+class VersionAction(argparse.Action):
+    """`--version`, worked out only when asked for (the code version hashes the sources)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """`posttrain X.Y.Z (code <hash>)`: the package release, and the code version that stage cache
+    keys and manifests record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from tasks.runtime.cache import code_version
+
+    try:
+        release = version("posttrain")
+    except PackageNotFoundError:  # a checkout on the path, not installed
+        release = "unknown"
+    return f"posttrain {release} (code {code_version()})"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from tasks.config import StageKindError
+
     for key, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except UserError as exc:
+    except (UserError, StageKindError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,7 +9,7 @@ from flows.stage_requests import state_error
 
 def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
     """Check the inputs (EvaluationInputError: one line), run the flow, print the metrics; exit code."""
-    from tasks.runner import warm_up
+    from tasks.runtime.launch import warm_up
 
     plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens)
     warm_up()  # the stage's imports load while Prefect starts
@@ -32,8 +32,8 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     Nothing is committed: the store holds checkpoints' evaluations, and this model is not one."""
     from envs.loader import make_env
     from models.loading import load_tokenizer, resolve_base
-    from tasks.endpoint_policy import EndpointPolicy
-    from tasks.evaluate import evaluate_policy
+    from tasks.common.endpoint_policy import EndpointPolicy
+    from tasks.stages.evaluate import evaluate_policy
 
     spec, env_ids = with_envs(spec, envs)
     stage = evaluation_stage(spec, env_ids, model, n, max_new_tokens)

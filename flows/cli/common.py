@@ -3,6 +3,8 @@ and the Prefect API with one-line errors."""
 
 from __future__ import annotations
 
+import sys
+
 DEFAULT_STORE = "file://.posttrain/store"
 QUIET_DEFAULTS = {
     "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GX_ANALYTICS_ENABLED": "False",
@@ -16,14 +18,15 @@ class UserError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
-def open_store(uri: str, storage_options: dict | None = None):
+def open_store(uri: str, storage_options: dict | None = None, error: type[Exception] = UserError):
+    """The store at `uri`, reachable and writable; `error` (one line naming `store`) otherwise."""
     from artifacts.store import Store, StoreError
 
     try:
         store = Store(uri, storage_options)
         store.check_reachable()
     except StoreError as exc:
-        raise UserError(f"store: {exc}") from None
+        raise error(f"store: {exc}") from None
     return store
 
 
@@ -54,12 +57,16 @@ def open_spec(path: str):
         raise UserError(str(exc)) from None
 
 
-def parse_ref(text: str):
-    from artifacts.refs import BadRef, Ref
+def resolve_ref(store, text: str, error: type[Exception] = UserError):
+    """A ref given on the command line: `name@version`, or `name@latest`, pinned (and printed) here;
+    `error` (one line naming `ref`) when it is neither or names nothing committed."""
+    from artifacts.refs import BadRef
+    from artifacts.store import StoreError
 
     try:
-        return Ref.parse(text)
-    except BadRef as exc:
-        raise UserError(f"ref: {exc}") from None
-
-
+        ref = store.resolve(text)
+    except (BadRef, StoreError) as exc:
+        raise error(f"ref: {exc}") from None
+    if str(ref) != text:
+        print(f"{text} = {ref}", file=sys.stderr, flush=True)
+    return ref

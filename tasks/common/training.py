@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from models.loading import load_model
-from tasks import checkpointing
+from tasks.common import checkpointing
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.progress import Progress
 from tasks.config import DatasetTrainStage, TrainStage
-from tasks.progress import Progress
-from tasks.stage import StageContext, StageOutput
 
 LOG_EVERY = 25
 PROGRESS_METRICS = ("loss", "reward", "accuracy", "reward_accuracy")  # what the progress line shows
@@ -123,7 +123,7 @@ class Training:
     def finish(self, metrics: dict) -> dict[str, StageOutput]:
         """The trained model (full weights or adapter, with its tokenizer) and the training report
         (metrics.jsonl, curves.png, report.md) as the stage's outputs."""
-        from tasks.curves import write_training_report
+        from tasks.common.curves import write_training_report
 
         out_dir, report_dir = self.ctx.workdir / "checkpoint", self.ctx.workdir / "report"
         self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir))

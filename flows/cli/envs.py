@@ -37,7 +37,7 @@ def check(kind: str, tasks: str | None, spec) -> int:
     from envs.loader import make_env
     from envs.sandbox import SandboxUnavailable
     from models.loading import load_tokenizer, resolve_base
-    from tasks.env_check import check_env
+    from tasks.common.env_check import check_env
 
     config = env_config(kind, tasks, spec)
     try:

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.stage import StageContext
+from tasks.common.context import StageContext
 
 _STEP = re.compile(r"^step-(\d+)$")
 

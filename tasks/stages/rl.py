@@ -1,10 +1,10 @@
 """`rl`: on-policy RL from verifiable rewards (GRPO family, StepPO), resumable like sft.
 
 Each step: draw `prompts_per_step` train tasks from the env mix by weight, play `group_size`
-episodes of each (tasks/rollouts.py, single- or multi-turn), score them (the env's rubric,
+episodes of each (tasks/common/rollouts.py, single- or multi-turn), score them (the env's rubric,
 the anti-doom repetition penalty, trace validation, overlong shaping), drop the groups without
 signal when dynamic sampling is on (and draw more), turn rewards into advantages and rows
-(tasks/rl_batch.py) and take `num_iterations` clipped policy-gradient steps on them
+(tasks/common/rl_batch.py) and take `num_iterations` clipped policy-gradient steps on them
 (models/rl_losses.py). The prompts of a step are a pure function of (seed, step, draw), so a
 resumed stage draws exactly what it would have drawn.
 """
@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
 
 from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
@@ -21,11 +24,80 @@ from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
 from models.rl_losses import grpo_loss, kl_k3
 from models.sampling import SamplingParams
-from tasks.config import RlStage
-from tasks.rl_batch import completion_logps, padded_rows, training_rows
-from tasks.rollouts import LocalPolicy, Trajectory, roll_out
-from tasks.stage import StageContext, StageOutput
-from tasks.training import optimizer_step, start_training
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.rl_batch import completion_logps, padded_rows, training_rows
+from tasks.common.rollouts import LocalPolicy, Trajectory, roll_out
+from tasks.common.training import optimizer_step, start_training
+from tasks.config import ONE_SEQUENCE_ONLY, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
+
+
+class RlStage(TrainStage):
+    """On-policy RL from verifiable rewards over a weighted mix of environments.
+
+    `grpo`: one training row per trajectory (env-written tokens masked), token-level ratio.
+    `steppo`: one row per turn (the action), critic-free step advantages from group-normalized
+    rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO). With `credit: cod`,
+    Connect the Dots packs get mean-style returns against the same slot of the pack's other
+    rollouts (DOMAIN.md, CoD), by default without std scaling (`scale_rewards` left unset).
+    """
+
+    outputs = ("checkpoint", "report")
+    primary = "checkpoint"
+    produces = "checkpoint"
+    preload = ("peft", "accelerate")
+
+    kind: Literal["rl"]
+    policy: str
+    envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> mixing weight
+    algorithm: Literal["grpo", "steppo"] = "grpo"
+    loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, ge=2)
+    epsilon_low: float = Field(0.2, ge=0, lt=1)  # clip range (binds once a batch is reused)
+    epsilon_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.0, ge=0)  # k3 KL to the input checkpoint (with LoRA: the adapter-disabled base)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    num_iterations: int = Field(1, ge=1)  # updates per batch; the ratio's old policy is the sampling one
+    gamma: float = Field(1.0, gt=0, le=1)  # steppo: discount of the reward-to-go
+    credit: Literal["reward_to_go", "cod"] = "reward_to_go"  # steppo: how step rewards become returns
+    dynamic_sampling: DynamicSampling | None = None
+    overlong: Overlong | None = None
+    mask_truncated: bool = False  # actions cut by max_tokens add no gradient (grpo: their whole trajectory)
+    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(64, gt=0)
+    anti_doom: AntiDoom | None = None
+    learning_rate: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    checkpoint_every: int = Field(50, gt=0)
+
+    @model_validator(mode="after")
+    def _clip_range(self):
+        if self.epsilon_high < self.epsilon_low:
+            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon_low ({self.epsilon_low})")
+        if self.overlong is not None and self.overlong.buffer >= self.max_tokens:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
+        if self.credit == "cod" and self.algorithm != "steppo":
+            raise ValueError("credit: cod assigns credit per step; use algorithm: steppo")
+        if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
+            self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
+        return self
+
+    def env_refs(self):
+        return [(f"envs.{env_id}", env_id) for env_id in self.envs]
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint")]
+
+    def check_spec(self, spec: SpecView) -> None:
+        """A grpo row is one growing context: an env that restarts it (cod) needs steppo's rows per step."""
+        if self.algorithm != "grpo":
+            return
+        for env_id in self.envs:
+            if spec.env_class(env_id).restarts_context:
+                raise spec.error(self.id, f"envs.{env_id}", f"env {env_id!r} ({spec.envs[env_id].kind}) "
+                                                            f"{ONE_SEQUENCE_ONLY}")
+
 
 TASK_POOL = 4096  # train tasks drawn per env; steps sample from it
 

@@ -7,7 +7,7 @@ on are exactly the ids it sampled. A single-turn env is the one-turn case of the
 An env may restart an episode's context (Turn.restart, CoD's next task of a pack): the next
 turn's context is then that fresh chat prompt, and the transcript shows a separator and the prompt.
 Each context also keeps the prompt text it started from, so that a policy behind an OpenAI-compatible
-endpoint (tasks/endpoint_policy.py) can send it as chat messages.
+endpoint (tasks/common/endpoint_policy.py) can send it as chat messages.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from envs.base import Outcome, Task, Turn
+from envs.base import Outcome, Task
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
 TURN_SEED_STRIDE = 7919  # turn t of a batch decodes with seed + t * stride
-RESTART_SEPARATOR = "\n\n=== new context ===\n"  # in a transcript, before the prompt a restarted context begins with
 
 
 @dataclass
@@ -155,7 +154,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
                                                answer.reward if answer is not None else 0.0, truncated,
                                                answer.kind if answer is not None else "action"))
             trajectory.actions.append(action)
-            trajectory.text += action + (transcript_answer(answer) if answer is not None else "")
+            trajectory.text += action + (answer.transcript() if answer is not None else "")
             if answer is None or answer.done:
                 trajectory.finished = answer is not None
             else:
@@ -165,14 +164,6 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
         running = still_running
         if not running:
             return
-
-
-def transcript_answer(answer: Turn) -> str:
-    """What the env's answer to an action adds to a transcript: its observation (dropped when the
-    episode ends), then a visible separator and the fresh prompt when the context restarts."""
-    if answer.done:
-        return ""
-    return answer.observation + (RESTART_SEPARATOR + answer.restart + "\n" if answer.restart is not None else "")
 
 
 def ended_ids(tokenizer, text: str, stop: tuple[str, ...]) -> list[int]:

@@ -8,8 +8,9 @@ ContractViolation, which the runner does not retry (retrying cannot fix data).
 from __future__ import annotations
 
 from data_contracts.validate import ContractResult, data_docs_html, validate
-from tasks.datasets import read_frame
-from tasks.stage import StageContext, StageOutput
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.datasets import read_frame
+
 
 class ContractViolation(Exception):
     pass

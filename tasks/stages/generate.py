@@ -1,6 +1,6 @@
 """`generate`: on-policy rollouts from a checkpoint, scored by the env's rubric.
 
-A multi-turn env's completions are whole episodes (tasks/rollouts.py), whose rows carry a loss
+A multi-turn env's completions are whole episodes (tasks/common/rollouts.py), whose rows carry a loss
 mask so that preference training scores the policy's tokens only.
 
 Per prompt, `samples` sampled completions and `greedy` greedy ones (the group the preference
@@ -11,15 +11,67 @@ through the rollouts contract (group size, reward range, truncated share, contex
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field, model_validator
+
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
 from envs.loader import make_env
 from models.loading import context_length, load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
-from tasks.config import GenerateStage
-from tasks.datasets import write_rows
-from tasks.rollouts import LocalPolicy, roll_out
-from tasks.stage import StageContext, StageOutput
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.datasets import write_rows
+from tasks.common.rollouts import LocalPolicy, roll_out
+from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
+
+
+class GenerateStage(StageBase):
+    """On-policy rollouts: `samples` sampled + `greedy` greedy completions per prompt, scored by the env."""
+
+    outputs = ("rollouts",)
+    primary = "rollouts"
+    produces = "rollouts"
+    preload = ("peft",)
+
+    kind: Literal["generate"]
+    policy: str
+    env: str
+    n: int = Field(gt=0)  # prompts
+    split: Literal["train", "eval"] = "train"
+    samples: int = Field(5, ge=0)
+    greedy: int = Field(1, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _some_completions(self):
+        if self.samples + self.greedy < 1:
+            raise ValueError("samples + greedy must be at least 1")
+        return self
+
+    def env_refs(self):
+        return [("env", self.env)]
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint")]
+
+    def check_spec(self, spec: SpecView) -> None:
+        env = spec.envs[self.env]
+        if spec.env_class(self.env).restarts_context:  # a class flag: nothing to build
+            raise spec.error(self.id, "env", f"env {self.env!r} ({env.kind}) {ONE_SEQUENCE_ONLY}")
+
+    def check_pairable(self, spec: SpecView, preference_id: str) -> None:
+        if self.samples < 1:
+            raise spec.error(self.id, "samples", f"must be at least 1, generate stage {self.id!r} feeds "
+                                                 f"preference stage {preference_id!r}, which pairs sampled completions")
+        if self.samples + self.greedy < 2:
+            raise spec.error(self.id, None, f"samples + greedy must be at least 2, generate stage {self.id!r} "
+                                            f"feeds preference stage {preference_id!r}, which pairs two completions "
+                                            "per prompt")
 
 
 def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage) -> list[list]:

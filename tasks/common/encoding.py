@@ -1,16 +1,13 @@
-"""`sft`: supervised fine-tuning with a completion-only loss, on accelerate, resumable."""
+"""Training examples as token ids: a chat prompt (masked from the loss) + a completion (trained
+on, except where the env wrote it), and batches of them padded for the model. Shared by sft and
+preference, so both train on the same tokenization."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.loading import load_tokenizer, resolve_base, set_threads
-from models.losses import IGNORE_INDEX, completion_nll
+from models.losses import IGNORE_INDEX
 from models.sampling import chat_prompt
-from tasks.config import SftStage
-from tasks.datasets import read_rows
-from tasks.stage import StageContext, StageOutput
-from tasks.training import batch_indices, optimizer_step, start_training, total_steps
 
 
 @dataclass
@@ -58,32 +55,3 @@ def collate(examples: list[Example], pad_id: int, device):
         labels[row, :n] = torch.tensor(example.labels)
         mask[row, :n] = 1
     return ids.to(device), mask.to(device), labels.to(device)
-
-
-def train_step(model, batch: list[Example], pad_id: int, accelerator, optimizer, scheduler) -> tuple[float, int]:
-    """One optimizer step on a batch; returns (loss, non-pad tokens processed)."""
-    ids, mask, labels = collate(batch, pad_id, accelerator.device)
-    loss, _ = completion_nll(model(input_ids=ids, attention_mask=mask).logits, labels)
-    optimizer_step(model, loss, accelerator, optimizer, scheduler)
-    return loss.item(), int(mask.sum())
-
-
-def start_checkpoint(stage: SftStage, ctx: StageContext) -> str:
-    """The folder training starts from: the input policy's checkpoint or the base model."""
-    return str(ctx.fetch(stage.policy)) if stage.policy else resolve_base(ctx.model.base)
-
-
-def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
-    set_threads(ctx.model)
-    source = start_checkpoint(stage, ctx)
-    tokenizer = load_tokenizer(source)
-    rows = [row for data in stage.datasets() for row in read_rows(ctx.fetch(data))]
-    examples = [encode_row(tokenizer, row, stage.max_seq_len) for row in rows]
-    training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
-    for step in range(training.start, training.steps):
-        batch = [examples[i] for i in training.shard(batch_indices(len(examples), stage.batch_size, stage.seed, step))]
-        loss, tokens = train_step(training.model, batch, tokenizer.pad_token_id, training.accelerator,
-                                  training.optimizer, training.scheduler)
-        training.record(step, tokens, loss=loss)
-    return training.finish({"final_loss": training.history[-1]["loss"], "examples": len(examples),
-                            "truncated_examples": sum(e.truncated for e in examples)})

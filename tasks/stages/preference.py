@@ -14,18 +14,53 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field
 
 from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
 from models.losses import preference_loss, sequence_logps
 from models.sampling import chat_prompt
-from tasks import contracts
-from tasks.config import PreferenceStage
-from tasks.contracts import ContractViolation
-from tasks.datasets import read_rows, write_rows
-from tasks.sft import Example, collate, encode_ids
-from tasks.stage import StageContext, StageOutput
-from tasks.training import batch_indices, optimizer_step, start_training, total_steps
+from tasks.common import contract_gate
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.contract_gate import ContractViolation
+from tasks.common.datasets import read_rows, write_rows
+from tasks.common.encoding import Example, collate, encode_ids
+from tasks.common.training import batch_indices, optimizer_step, start_training, total_steps
+from tasks.config import DatasetTrainStage, SpecView
+
+
+class PreferenceStage(DatasetTrainStage):
+    """Preference alignment on rollouts: best vs worst completion per prompt, DPO-family loss.
+
+    The input checkpoint `policy` is the reference model; its log-probs of every pair are
+    computed once, before training, and stored with the pairs.
+    """
+
+    outputs = ("checkpoint", "pairs", "report")
+    primary = "checkpoint"
+    produces = "checkpoint"
+    preload = ("peft", "accelerate")
+
+    kind: Literal["preference"]
+    policy: str
+    method: Literal["dpo", "ln_dpo", "ipo"] = "dpo"
+    beta: float = Field(0.1, gt=0)
+    min_reward_gap: float = Field(0.0, ge=0)  # pairs need chosen - rejected reward above this
+    learning_rate: float = Field(2e-5, gt=0)
+    batch_size: int = Field(16, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    max_seq_len: int = Field(256, gt=8)
+
+    def stage_refs(self):
+        return [("policy", self.policy, "checkpoint"), *self.data_refs("rollouts")]  # data: generate stages
+
+    def check_spec(self, spec: SpecView) -> None:
+        """Every prompt group of its data must hold completions to pick a best and a worst from."""
+        for data in self.datasets():
+            spec.stage(data).check_pairable(spec, self.id)
+
 
 REFERENCE_BATCH = 64
 
@@ -146,7 +181,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     write_rows(pairs, pairs_dir)
     pairs_output = StageOutput("dataset", pairs_dir, vars(stats),
                                ContractParams(kind="preference", context_length=context_length(source)))
-    pairs_output.contract_summary = contracts.check(ctx, pairs_output, stage.contract)  # before any training
+    pairs_output.contract_summary = contract_gate.check(ctx, pairs_output, stage.contract)  # before any training
 
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
     training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)

@@ -2,34 +2,68 @@
 
 The teacher is the env's programmatic oracle, or a model behind an OpenAI-compatible endpoint
 (`teacher: {endpoint, model}`: `posttrain serve-model`, vLLM, an API model) that plays the env
-through the same episode loop as any policy (tasks/endpoint_policy.py). Each row carries its
+through the same episode loop as any policy (tasks/common/endpoint_policy.py). Each row carries its
 token length under the spec's model, so the sft contract can hold it to the model's context.
 
-A multi-turn env's teacher is played through the real episode loop (tasks/rollouts.py, the
+A multi-turn env's teacher is played through the real episode loop (tasks/common/rollouts.py, the
 sandbox included), and its rows carry the exact token ids with a loss mask: SFT trains on the
 policy's actions, never on what the env wrote, and on the very ids RL will see.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from data_contracts.config import ContractParams
 from envs.base import Task
 from envs.loader import make_env
 from models.loading import context_length, load_tokenizer, resolve_base
 from models.sampling import SamplingParams, chat_prompt
-from tasks.config import EndpointTeacher, SynthesizeStage
-from tasks.datasets import write_rows
-from tasks.env_check import CHUNK, scripted_rollouts
-from tasks.rollouts import Trajectory, roll_out
-from tasks.stage import StageContext, StageOutput
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.datasets import write_rows
+from tasks.common.env_check import CHUNK, scripted_rollouts
+from tasks.common.rollouts import Trajectory, roll_out
+from tasks.config import EndpointTeacher, StageBase
+
+
+class SynthesizeStage(StageBase):
+    """Teacher traces for SFT from an environment's train split."""
+
+    outputs = ("dataset",)
+    primary = "dataset"
+    produces = "dataset"
+
+    kind: Literal["synthesize"]
+    env: str
+    n: int = Field(gt=0)
+    teacher: Literal["oracle"] | EndpointTeacher = "oracle"  # the env's programmatic oracle, or a model
+    seed: int = 0
+
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _oracle_or_endpoint(cls, value):
+        """A mapping is an endpoint teacher: its own errors name its fields (`teacher.model: missing`)
+        instead of listing why it is not 'oracle' either."""
+        if isinstance(value, dict):
+            return EndpointTeacher.model_validate(value)
+        if value != "oracle" and not isinstance(value, EndpointTeacher):
+            raise PydanticCustomError("teacher", "expected 'oracle' or an endpoint teacher (a mapping with "
+                                                 "endpoint and model)")
+        return value
+
+    def env_refs(self):
+        return [("env", self.env)]
+
 
 Teacher = str | EndpointTeacher  # "oracle", or a model at an endpoint
 
 
 def teacher_policy(teacher: EndpointTeacher, tokenizer):
     """The endpoint as a rollout policy; its key comes from the environment variable the spec names."""
-    from tasks.endpoint_policy import EndpointPolicy
+    from tasks.common.endpoint_policy import EndpointPolicy
 
     return EndpointPolicy.of(teacher, tokenizer, "teacher")
 

@@ -3,17 +3,18 @@ checkpoints behind an OpenAI-compatible API."""
 
 from __future__ import annotations
 
-from flows.cli_common import (
+from flows.cli.common import (
     DEFAULT_STORE,
     UserError,
     check_prefect_api,
     open_spec,
     open_store,
+    resolve_ref,
 )
 
 
 def cmd_eval(args) -> int:
-    from flows.eval_cli import run_eval
+    from flows.cli.eval import run_eval
     from flows.evaluate import EvaluationInputError
 
     if args.endpoint:
@@ -21,18 +22,19 @@ def cmd_eval(args) -> int:
     if not args.ref:
         raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
     store = open_store(args.store)
+    ref = str(resolve_ref(store, args.ref))
     check_prefect_api()
     try:
-        return run_eval(store, args.ref, args.env, args.n, args.max_new_tokens)
+        return run_eval(store, ref, args.env, args.n, args.max_new_tokens)
     except EvaluationInputError as exc:
         raise UserError(str(exc)) from None
 
 
 def _eval_endpoint(args) -> int:
-    from flows.eval_cli import run_endpoint_eval
-    from flows.evaluate import EvaluationInputError
     from artifacts.store import first_line
-    from tasks.endpoint_policy import EndpointConfigError, EndpointError
+    from flows.cli.eval import run_endpoint_eval
+    from flows.evaluate import EvaluationInputError
+    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError
 
     if args.ref:
         raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")
@@ -60,7 +62,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_serve_model(args) -> int:
-    from flows.serve_model_cli import ServeModelInputError, serve_model
+    from flows.cli.serve_model import ServeModelInputError, serve_model
 
     try:
         return serve_model(args.ref, args.store, args.host, args.port, args.name)
@@ -71,7 +73,7 @@ def cmd_serve_model(args) -> int:
 def add_serving_commands(commands) -> None:
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
                                      "model behind an OpenAI-compatible endpoint")
-    evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version")
+    evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version or name@latest")
     evaluation.add_argument("--endpoint", help="instead: an OpenAI-compatible base URL (…/v1)")
     evaluation.add_argument("--model", help="with --endpoint: the model name it serves")
     evaluation.add_argument("--spec", help="with --endpoint: the spec whose envs and evaluation settings to use")
@@ -88,7 +90,7 @@ def add_serving_commands(commands) -> None:
     serve.add_argument("--store", help="store URI for the served pipeline (overrides its spec's)")
     serve.set_defaults(func=cmd_serve)
     serve_model = commands.add_parser("serve-model", help="serve a checkpoint as an OpenAI-compatible API")
-    serve_model.add_argument("ref", help="a checkpoint, name@version")
+    serve_model.add_argument("ref", help="a checkpoint, name@version or name@latest")
     serve_model.add_argument("--port", type=int, default=8000)
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--name", help="model name the API lists (default: the ref)")

@@ -3,7 +3,7 @@
 Per checkpoint and env: greedy accuracy, format rate, doom-loop rate (greedy), mean
 completion tokens (the policy's), mean turns, truncation rate, reward-function errors, and
 sampled accuracy, and the mean of every graded outcome (a sandboxed env's tests, cod's reward
-by position in the pack). Episodes are played through the env's protocol (tasks/rollouts.py), so
+by position in the pack). Episodes are played through the env's protocol (tasks/common/rollouts.py), so
 multi-turn envs are evaluated the way they are trained. The
 per-completion rows are the stage's evaluation-results dataset.
 """
@@ -12,18 +12,46 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Literal
+
+from pydantic import Field
 
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
 from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams
-from tasks.config import EvaluateStage
-from tasks.datasets import write_rows
-from tasks.eval_report import write_eval_report
-from tasks.judge import judge_metrics, judge_rows
-from tasks.rollouts import LocalPolicy, roll_out
-from tasks.stage import StageContext, StageOutput
+from tasks.common.context import StageContext, StageOutput
+from tasks.common.datasets import write_rows
+from tasks.common.eval_report import write_eval_report
+from tasks.common.judge import judge_metrics, judge_rows
+from tasks.common.rollouts import LocalPolicy, roll_out
+from tasks.config import Judge, SampledEval, StageBase
+
+
+class EvaluateStage(StageBase):
+    """Held-out accuracy, format rate, doom-loop rate and length per checkpoint and env."""
+
+    outputs = ("results", "report")
+    primary = "results"
+    produces = "evaluation"
+    preload = ("peft", "matplotlib")
+
+    kind: Literal["evaluate"]
+    checkpoints: list[str] = Field(min_length=1)
+    envs: list[str] = Field(min_length=1)
+    n: int = Field(200, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    sampled: SampledEval | None = SampledEval()
+    judge: Judge | None = None  # also a judge model's verdict on every greedy answer
+    seed: int = 0
+
+    def env_refs(self):
+        return [(f"envs[{i}]", env) for i, env in enumerate(self.envs)]
+
+    def stage_refs(self):
+        return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
 
 
 def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:

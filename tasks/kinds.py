@@ -1,0 +1,86 @@
+"""The stage kinds: the built-in ones and those packages declare in the entry-point group
+`posttrain.stages` (`NAME = "package.module:ConfigClass"`, NAME being the class's `kind`).
+
+Everything else about a kind is read off its config class (tasks/config.StageBase): the spec's
+`stages:` union, what its child process runs and preloads, its outputs and which is primary,
+what the spec's graph sees it produce, its cross-stage rules. Adding a kind = a module with its
+config class and its `run(stage, ctx)`, plus one line here or one entry point.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Annotated, Union
+
+from pydantic import Field, TypeAdapter
+
+from tasks.config import StageBase, StageKindError
+from tasks.stages.evaluate import EvaluateStage
+from tasks.stages.generate import GenerateStage
+from tasks.stages.preference import PreferenceStage
+from tasks.stages.rl import RlStage
+from tasks.stages.sft import SftStage
+from tasks.stages.synthesize import SynthesizeStage
+
+ENTRY_POINT_GROUP = "posttrain.stages"
+BUILTIN_KINDS = (SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage)
+# what every stage process imports, whatever its kind (~12 s on this 2-core machine: the warm fork
+# server imports it once per orchestrator, tasks/runtime/launch.py)
+BASE_PRELOAD = ("torch", "transformers", "great_expectations", "tasks.runtime.child")
+
+
+def check_declaration(config: type, name: str) -> None:
+    """A kind's config class must be a StageBase with a `kind` literal equal to its name and a
+    complete declaration (outputs, primary among them, produces)."""
+    if not (isinstance(config, type) and issubclass(config, StageBase)):
+        raise StageKindError(f"stage kind {name!r}: {config!r} is not a subclass of tasks.config.StageBase")
+    kind = config.model_fields.get("kind")
+    if kind is None or getattr(kind.annotation, "__args__", (None,)) != (name,):
+        raise StageKindError(f"stage kind {name!r}: {config.__name__} needs the field `kind: Literal[{name!r}]`")
+    missing = [attr for attr in ("outputs", "primary", "produces") if not hasattr(config, attr)]
+    if missing:
+        raise StageKindError(f"stage kind {name!r}: {config.__name__} does not declare {', '.join(missing)}")
+    if config.primary not in config.outputs:
+        raise StageKindError(f"stage kind {name!r}: primary output {config.primary!r} is not among its "
+                             f"outputs {config.outputs}")
+
+
+def _package_kinds() -> dict[str, type]:
+    kinds = {}
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        where = f"entry point {entry.name} = {entry.value}"
+        try:
+            config = entry.load()
+        except Exception as exc:  # a third-party package: any import error is its own
+            raise StageKindError(f"stage kind {entry.name!r} ({where}) fails to load: "
+                                 f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+        check_declaration(config, entry.name)
+        kinds[entry.name] = config
+    return kinds
+
+
+def _all_kinds() -> dict[str, type]:
+    kinds = {config.kind_name(): config for config in BUILTIN_KINDS}
+    for name, config in _package_kinds().items():
+        if name in kinds and kinds[name] is not config:
+            raise StageKindError(f"stage kind {name!r} ({config.__module__}.{config.__name__}) is already a "
+                                 f"kind of {kinds[name].__module__}")
+        kinds[name] = config
+    return kinds
+
+
+STAGE_KINDS: dict[str, type] = _all_kinds()
+StageConfig = Annotated[Union[tuple(STAGE_KINDS.values())], Field(discriminator="kind")]
+STAGE_CONFIG = TypeAdapter(StageConfig)
+
+
+def stage_kind(name: str) -> type:
+    return STAGE_KINDS[name]
+
+
+def warm_modules() -> list[str]:
+    """What the warm fork server imports: the base set, then each kind's module and preloads."""
+    modules = list(BASE_PRELOAD)
+    for config in STAGE_KINDS.values():
+        modules += [module for module in (*config.preload, config.run_module()) if module not in modules]
+    return modules

@@ -1,0 +1,53 @@
+"""The stage request: everything a stage run needs, resolved once by the orchestrator from the spec
+and handed whole to the Prefect task, a worker's flow run and the stage's child process."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from artifacts.store import StoreLocation
+from envs.loader import EnvConfig
+from models.config import ModelConfig
+from tasks.config import Defaults
+from tasks.kinds import StageConfig
+
+
+class Producer(BaseModel):
+    """The provenance written into the manifest of every artifact the stage commits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: str
+    run_id: str
+    stage_id: str
+    stage_kind: str
+    config_hash: str  # of the stage's params
+    code_version: str
+    cache_key: str
+    spec: str | None = None  # hash of the spec text kept in the store (specs/<hash>.yaml)
+    base_model: str | None = None  # identity of the base model, for stages that start from it
+
+    def manifest_entry(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+class StageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stage: StageConfig
+    pipeline: str
+    run_id: str
+    cache_key: str
+    model: ModelConfig
+    envs: dict[str, EnvConfig]  # only the envs the stage names
+    inputs: dict[str, str]  # input stage id -> ref
+    store: StoreLocation
+    producer: Producer
+    orchestration: Defaults  # the stage's retries, retry delay, timeout and gpus, defaults applied
+    evaluate_new_checkpoints: bool = False  # the spec's evaluation.on_new_checkpoint (an event label)
+    output_name: str | None = None  # the primary output's name; `<pipeline>/<stage id>` unless set
+    announce_path: str | None = None  # set by the runner: where the child announces new checkpoints
+
+    @property
+    def primary_name(self) -> str:
+        return self.output_name or f"{self.pipeline}/{self.stage.id}"

@@ -1,0 +1,146 @@
+"""Child-process entry point of a stage: `python -m tasks.runtime.child REQUEST.json RESULT.json`.
+
+Heavy stages run here so that a timeout can really stop them (the parent kills this
+process) and a crash in native code cannot take the orchestrator down. The child commits
+its outputs itself; the manifest is the last write, so a kill at any point leaves no
+readable half-version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from artifacts.refs import Ref, content_version
+from artifacts.store import folder_hashes
+from tasks.common import checkpointing, contract_gate
+from tasks.common.context import StageContext
+from tasks.common.contract_gate import ContractViolation
+from tasks.request import StageRequest
+
+
+def _exit_with(orchestrator: int) -> None:
+    """Die when the orchestrator dies (SIGKILL included): no orphaned training. A forked stage's
+    parent is the fork server, which outlives the orchestrator while it has children, so the
+    watch is on the orchestrator's pid itself (gone, or a zombie nobody reaped yet)."""
+    def watch():
+        while _alive(orchestrator):
+            time.sleep(0.5)
+        os._exit(137)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _use_cpu_without_cuda() -> None:
+    """Processes of a multi-GPU stage on a machine without CUDA train on the CPU (gloo), so the same
+    launch runs everywhere (a CPU box runs a `gpus: 2` stage as two CPU processes)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["ACCELERATE_USE_CPU"] = "1"
+
+
+def commit_outputs(ctx, outputs: dict, primary: str, checked: dict) -> dict[str, str]:
+    """Commit a stage's outputs; returns {output key: ref}.
+
+    The primary output is `<pipeline>/<stage>` (what downstream stages read); any other is
+    `<pipeline>/<stage>.<key>` (stage ids cannot contain dots). Each lists the stage's inputs
+    (artifacts that existed before it ran) and, as its `siblings`, the other outputs of the run,
+    keyed like their names (`sft.report`). The primary is committed last: once it exists, so do
+    its siblings.
+    """
+    names = {key: ctx.output_name if key == primary else f"{ctx.output_name}.{key}" for key in outputs}
+    hashes = {key: folder_hashes(output.local_dir) for key, output in outputs.items()}
+    refs = {key: str(Ref(names[key], content_version(hashes[key]))) for key in outputs}
+    label = {key: ctx.stage_id if key == primary else f"{ctx.stage_id}.{key}" for key in outputs}
+    for key in sorted(outputs, key=lambda key: key == primary):
+        output = outputs[key]
+        metrics = {**output.metrics, **({"contract": checked[key]} if key in checked else {})}
+        ctx.store.commit(names[key], output.kind, output.local_dir, producer=ctx.producer, inputs=ctx.inputs,
+                         siblings={label[other]: refs[other] for other in outputs if other != key},
+                         metrics=metrics, hashes=hashes[key])
+        if output.kind == "checkpoint":
+            ctx.announce_checkpoint(refs[key])
+    return refs
+
+
+def stage_context(request: StageRequest) -> StageContext:
+    workdir = Path(tempfile.mkdtemp(prefix=f"posttrain-{request.stage.id}-"))
+    return StageContext(store=request.store.open(), pipeline=request.pipeline, run_id=request.run_id,
+                        stage_id=request.stage.id, cache_key=request.cache_key, model=request.model,
+                        envs=request.envs, inputs=request.inputs, workdir=workdir,
+                        producer=request.producer.manifest_entry(), output_name=request.primary_name,
+                        announce_path=Path(request.announce_path) if request.announce_path else None)
+
+
+def execute(request: StageRequest) -> dict:
+    stage = request.stage
+    declared = type(stage)
+    ctx = stage_context(request)
+    began = time.monotonic()
+    try:
+        outputs = importlib.import_module(declared.run_module()).run(stage, ctx)
+        compute = time.monotonic() - began
+        if not ctx.is_main:
+            return {}  # one process per GPU: rank 0 checks, commits and reports
+        if set(outputs) != set(declared.outputs):
+            raise ValueError(f"stage kind {stage.kind!r} returned outputs {sorted(outputs)}, but declares "
+                             f"{sorted(declared.outputs)}")
+        checked = {key: output.contract_summary or contract_gate.check(ctx, output, stage.contract)
+                   for key, output in outputs.items() if output.contract is not None}
+        refs = commit_outputs(ctx, outputs, declared.primary, checked)
+        metrics = {}
+        for output in outputs.values():
+            metrics.update(output.metrics)
+        checkpointing.clear(ctx)
+        return {"outputs": refs, "metrics": metrics, "compute_seconds": round(compute, 3)}
+    finally:
+        shutil.rmtree(ctx.workdir, ignore_errors=True)
+
+
+def main(argv: list[str], orchestrator: int | None = None) -> int:
+    request_path, result_path = Path(argv[0]), Path(argv[1])
+    _exit_with(orchestrator or os.getppid())
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _use_cpu_without_cuda()
+    try:
+        result = execute(StageRequest.model_validate_json(request_path.read_text()))
+        code = 0
+    except ContractViolation as exc:
+        result, code = {"error": str(exc), "contract_failed": True}, 1
+    except Exception as exc:
+        traceback.print_exc()
+        result, code = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, 1
+    if os.environ.get("RANK", "0") == "0":
+        result_path.write_text(json.dumps(result, default=str))
+    return code
+
+
+def forked_main(request_path: str, result_path: str, env: dict, cwd: str, orchestrator: int) -> None:
+    """Entry point in a process forked from the runner's warm fork server (tasks/runtime/runner.py): the
+    same as `python -m tasks.runtime.child`, with the environment and working folder a fresh process
+    would have had."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.exit(main([request_path, result_path], orchestrator))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""Run one stage: look it up in the store's stage cache, else run it in a child process.
+
+`run_stage` is the Prefect task every stage runs as (`stage_task_options` gives it the stage's
+name, retries, retry delay, timeout and tags); the per-kind logic lives in the stage modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
+from tasks.request import StageRequest
+from tasks.runtime.cache import cache_path, cached_result
+from tasks.runtime.events import emit_checkpoint_created
+from tasks.runtime.launch import start_child
+
+ANNOUNCE_POLL_SECONDS = 0.5
+GPU_LIMIT = "gpu"  # the global concurrency limit capping GPU slots (`prefect gcl create gpu --limit N`)
+# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
+# is a backstop a little later (it also covers the cache lookup and the commit).
+TIMEOUT_GRACE_SECONDS = 60
+
+
+class StageFailed(Exception):
+    pass
+
+
+class ContractFailed(StageFailed):
+    """The stage's dataset broke its data contract: retrying cannot fix data."""
+
+
+def retry_unless_contract_failed(task, task_run, state) -> bool:
+    return not isinstance(state.data, ContractFailed)
+
+
+class Announcements:
+    """The checkpoints a running child announced (one JSON line each), read as they come."""
+
+    def __init__(self, path: Path, on_checkpoint: Callable[[str, int | None], None]):
+        self.path, self.on_checkpoint, self.offset, self.refs = path, on_checkpoint, 0, []
+
+    def drain(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as handle:
+            handle.seek(self.offset)
+            for line in iter(handle.readline, ""):
+                if not line.endswith("\n"):
+                    break  # half-written: read it next time
+                self.offset += len(line)
+                entry = json.loads(line)
+                self.refs.append(entry["ref"])
+                self.on_checkpoint(entry["ref"], entry["step"])
+
+
+def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None) -> dict:
+    """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
+    `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
+    result lists them."""
+    timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
+    with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        announcements = Announcements(Path(tmp) / "checkpoints.jsonl", on_checkpoint)
+        request = request.model_copy(update={"announce_path": str(announcements.path)})
+        request_path.write_text(request.model_dump_json())
+        process = start_child(request.orchestration.gpus, request_path, result_path)
+        deadline = time.monotonic() + timeout
+        try:
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
+                announcements.drain()
+                time.sleep(ANNOUNCE_POLL_SECONDS)
+        finally:
+            if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
+                process.kill()
+            announcements.drain()
+        if not result_path.exists():
+            raise StageFailed(f"stage {stage_id!r} died (exit code {process.poll()})")
+        result = json.loads(result_path.read_text())
+    if "error" in result:
+        raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
+    return {**result, "checkpoints": announcements.refs}
+
+
+def gpu_slots(gpus: int):
+    """Hold `gpus` slots of the global concurrency limit `gpu` while the stage runs, so stages wait
+    for free GPUs instead of oversubscribing them. Without such a limit (a CPU machine, a server
+    nobody set up) this holds nothing: the limit is the operator's choice (README, GPU cluster)."""
+    if gpus == 0:
+        return contextlib.nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(GPU_LIMIT, occupy=gpus, strict=False)
+
+
+def stage_tags(request: StageRequest) -> list[str]:
+    return ["posttrain", f"pipeline:{request.pipeline}", f"kind:{request.stage.kind}",
+            "gpu" if request.orchestration.gpus else "cpu"]
+
+
+def stage_task_options(request: StageRequest, task_run_name: str | None = None) -> dict:
+    """`run_stage.with_options(...)` for this request: its retries, delay, timeout (+ grace) and tags."""
+    settings = request.orchestration
+    return {"name": request.stage.kind, "task_run_name": task_run_name or request.stage.id,
+            "retries": settings.retries, "retry_delay_seconds": settings.retry_delay_seconds,
+            "timeout_seconds": settings.timeout_seconds + TIMEOUT_GRACE_SECONDS, "tags": stage_tags(request)}
+
+
+@task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)
+def run_stage(request: StageRequest):
+    store = request.store.open()
+    hit = cached_result(store, request.cache_key)
+    if hit is not None:
+        return Completed(name="Cached", data=hit, message=f"outputs already committed: {hit['outputs']}")
+    with gpu_slots(request.orchestration.gpus):
+        result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step))
+    store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
+                                                            **result})
+    return result

@@ -1,0 +1,95 @@
+"""Imports only go down the layers (docs/ARCHITECTURE.md): every module's imports, read with ast,
+function-level ones included."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Top to bottom: a module may import its own layer's modules and any layer below it, never above.
+# tasks.stages sit above tasks.config and tasks.common, below tasks.kinds (which lists them).
+LAYERS = [
+    ["flows.cli"],
+    ["flows"],
+    ["tasks.runtime"],
+    ["tasks.request", "tasks.kinds"],
+    ["tasks.stages"],
+    ["tasks.common", "tasks.config"],
+    ["envs"],
+    ["models", "data_contracts"],
+    ["artifacts"],
+]
+PROJECT = {"flows", "tasks", "envs", "models", "data_contracts", "artifacts"}
+STANDALONE = {"envs.sandbox_agent", "envs.sandbox_proc", "envs.sandbox_worker"}  # copied into the sandbox
+
+
+def layer_of(module: str) -> int | None:
+    """The index of the most specific layer prefix that `module` falls under."""
+    best, best_len = None, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every project import in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, node.module)]
+            # `from tasks.stages import sft`: the submodule is what is imported
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                      if (ROOT / Path(*node.module.split(".")) / f"{alias.name}.py").exists()]
+    return [(line, module) for line, module in found if module.split(".")[0] in PROJECT]
+
+
+def project_files() -> list[Path]:
+    """Every module of the project's packages (empty package markers aside)."""
+    return sorted(path for package in PROJECT for path in (ROOT / package).rglob("*.py")
+                  if "__pycache__" not in path.parts and path.read_text().strip())
+
+
+def upward_imports() -> list[str]:
+    problems = []
+    for path in project_files():
+        importer = module_name(path)
+        if importer in STANDALONE:
+            continue
+        own = layer_of(importer)
+        for line, imported in imported_modules(path):
+            target = layer_of(imported)
+            where = f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}"
+            if target is not None and target < own:
+                problems.append(f"{where} (a higher layer)")
+            elif importer.startswith("tasks.stages.") and imported.startswith("tasks.stages.") \
+                    and imported != importer:
+                problems.append(f"{where} (stage kinds do not import each other; share through tasks.common)")
+    return problems
+
+
+def test_every_project_module_is_in_a_layer():
+    assert [module_name(path) for path in project_files() if layer_of(module_name(path)) is None] == []
+
+
+def test_no_module_imports_a_higher_layer():
+    assert upward_imports() == []
+
+
+def test_the_check_sees_an_upward_import():
+    """The checker itself: an env importing the rollout loop is caught."""
+    bad = ROOT / "envs" / "_layer_probe.py"
+    bad.write_text("def f():\n    from tasks.common.rollouts import roll_out\n")
+    try:
+        assert upward_imports() == ["envs/_layer_probe.py:2: envs._layer_probe imports tasks.common.rollouts "
+                                    "(a higher layer)"]
+    finally:
+        bad.unlink()
