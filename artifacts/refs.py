@@ -23,7 +23,7 @@ class Ref:
     @classmethod
     def parse(cls, text: str) -> "Ref":
         name, sep, version = text.rpartition("@")
-        if not sep or not _NAME.match(name) or not _VERSION.match(version):
+        if not sep or not _NAME.fullmatch(name) or not _VERSION.fullmatch(version):
             raise BadRef(f"not an artifact ref (expected name@version, 16 hex digits): {text!r}")
         return cls(name, version)
 
@@ -32,7 +32,7 @@ class Ref:
 
 
 def valid_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+    return bool(_NAME.fullmatch(name))
 
 
 def sha256_bytes(data: bytes) -> str:

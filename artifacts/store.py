@@ -93,6 +93,8 @@ class Store:
         self.protocol = self.uri.split("://", 1)[0]
         self.root = root.rstrip("/")
         self.local = self.protocol == "file"
+        if self.local:  # fsspec made a relative path absolute against this process's cwd: keep that one
+            self.uri = f"file://{self.root}"
 
     @property
     def location(self) -> StoreLocation:

@@ -1,14 +1,16 @@
 """Every evaluated checkpoint of a pipeline side by side, read from the store's evaluation results.
 
-The rows come from the manifests of the committed `evaluate` outputs (the pipeline's own
-evaluate stages and the evaluation flow's `<checkpoint>.eval` datasets), so the leaderboard
-is the same whichever process or machine evaluated what.
+The rows come from the manifests of the committed evaluation results (the primary dataset of
+every kind that `produces` an evaluation: the pipeline's own evaluate stages and the evaluation
+flow's `<checkpoint>.eval` datasets; their metrics are `{checkpoint: {env: {..., n}}}`), so the
+leaderboard is the same whichever process or machine evaluated what.
 """
 
 from __future__ import annotations
 
 from artifacts.store import Store
 from flows.report_artifacts import prefect_key
+from tasks.kinds import produces
 
 COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")
 
@@ -18,13 +20,13 @@ def evaluations(store: Store, pipeline: str) -> list[dict]:
     run and creation time; the newest evaluation wins when settings repeat."""
     manifests = store.manifests(pipeline)
     evaluated = [m for m in manifests.values()
-                 if m["kind"] == "dataset" and m["producer"].get("stage_kind") == "evaluate"]
+                 if m["kind"] == "dataset" and produces(m["producer"].get("stage_kind")) == "evaluation"]
     rows: dict[tuple, dict] = {}
     for manifest in sorted(evaluated, key=lambda m: m["created"]):
         for key, checkpoint in manifest["inputs"].items():
             by_env = manifest["metrics"].get(key)
             if not isinstance(by_env, dict):
-                continue  # an input that is not an evaluated checkpoint (the report)
+                continue  # an input the evaluation did not score
             for env_id, metrics in by_env.items():
                 rows[(checkpoint, env_id, metrics["n"])] = {"checkpoint": checkpoint, "env": env_id, **metrics,
                                                             "evaluation": manifest["ref"]}

@@ -56,8 +56,8 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
         pipeline, spec_text = load_spec(spec)
     else:
         pipeline = parse_spec_text(spec_text)
-    location = pipeline.store_location(store)
-    artifact_store = location.open()
+    artifact_store = pipeline.store_location(store).open()
+    location = artifact_store.location  # normalised (an absolute local path): the child runs elsewhere
     spec_hash = spec_hash or save_spec(artifact_store, spec_text)
     run_id = run_id or new_run_id(pipeline.name)
     inline_evaluation = pipeline.evaluation.on_new_checkpoint and ephemeral()

@@ -177,22 +177,22 @@ def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
 def parse_spec_text(text: str, source: str = "spec") -> PipelineSpec:
     """Parse and validate a spec's YAML text (`source` names it in YAML errors). A process parses a
     given text once: the CLI, the flow it starts and an inline evaluation reading the same text
-    back from the store share the result (keyed by the text and the environment variables it
-    names). The spec is shared, so nobody may modify it (model_copy(update=...) makes a new one)."""
+    back from the store share the result (keyed by the text and the values of the environment
+    variables it names). The spec is shared, so nobody may modify it (model_copy(update=...)
+    makes a new one)."""
     names = sorted({match.group(1) for match in _ENV_VAR.finditer(text)})
-    return _parse_text(text, source, tuple((name, os.environ.get(name)) for name in names))
-
-
-@lru_cache(maxsize=16)
-def _parse_text(text: str, source: str, environment: tuple) -> PipelineSpec:
     try:
-        raw = yaml.safe_load(text)
+        return _parse_text(text, tuple((name, os.environ.get(name)) for name in names))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{source}:{where}: bad YAML: {problem}") from None
-    return parse_spec(raw)
+
+
+@lru_cache(maxsize=16)
+def _parse_text(text: str, environment: tuple) -> PipelineSpec:
+    return parse_spec(yaml.safe_load(text))
 
 
 def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:

@@ -16,8 +16,14 @@ from tasks.runtime.runner import run_stage, stage_task_options
 
 
 @flow(name="post-train-stage")
-def stage_flow(request: StageRequest) -> dict[str, str]:
-    """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store."""
+def stage_flow(request: dict) -> dict[str, str]:
+    """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store.
+
+    `request` is a StageRequest as JSON, validated here by the worker's own code and the stage
+    kinds installed on it: a typed flow parameter would make the deployment's schema pin the
+    fields and kinds of whatever code ran `prefect deploy`, and the server would refuse every
+    stage once they drift."""
+    request = StageRequest.model_validate(request)
     state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
     return state.result()["outputs"]  # a cached stage's task returns its Completed("Cached") state itself
 

@@ -43,6 +43,11 @@ def check_declaration(config: type, name: str) -> None:
     if config.primary not in config.outputs:
         raise StageKindError(f"stage kind {name!r}: primary output {config.primary!r} is not among its "
                              f"outputs {config.outputs}")
+    try:
+        config.model_rebuild(force=True)  # a class pydantic cannot complete fails here, not in a spec
+    except Exception as exc:
+        raise StageKindError(f"stage kind {name!r}: {config.__name__} is not a complete pydantic model: "
+                             f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
 def _package_kinds() -> dict[str, type]:
@@ -55,6 +60,9 @@ def _package_kinds() -> dict[str, type]:
             raise StageKindError(f"stage kind {entry.name!r} ({where}) fails to load: "
                                  f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
         check_declaration(config, entry.name)
+        if entry.name in kinds and kinds[entry.name] is not config:
+            raise StageKindError(f"stage kind {entry.name!r} is declared twice: {where} and "
+                                 f"{kinds[entry.name].__module__}.{kinds[entry.name].__name__}")
         kinds[entry.name] = config
     return kinds
 
@@ -74,8 +82,11 @@ StageConfig = Annotated[Union[tuple(STAGE_KINDS.values())], Field(discriminator=
 STAGE_CONFIG = TypeAdapter(StageConfig)
 
 
-def stage_kind(name: str) -> type:
-    return STAGE_KINDS[name]
+def produces(kind: str) -> str | None:
+    """What a kind's primary output is to the spec's graph; None for a kind not installed here (a
+    manifest or run summary written where a package's kind was)."""
+    config = STAGE_KINDS.get(kind)
+    return config.produces if config is not None else None
 
 
 def warm_modules() -> list[str]:

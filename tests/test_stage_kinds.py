@@ -38,11 +38,18 @@ def test_a_wrong_declaration_names_what_is_wrong():
         outputs, primary, produces = ("dataset",), "report", "dataset"
         kind: Literal["wrong"]
 
+    class Incomplete(StageBase):
+        outputs, primary, produces = ("dataset",), "dataset", "dataset"
+        kind: Literal["incomplete"]
+        rows: "RowsNobodyDefined"  # noqa: F821
+
     cases = [(dict, "x", "stage kind 'x': <class 'dict'> is not a subclass of tasks.config.StageBase"),
              (NoKind, "none", "stage kind 'none': NoKind needs the field `kind: Literal['none']`"),
              (Undeclared, "half", "stage kind 'half': Undeclared does not declare outputs, primary, produces"),
              (WrongPrimary, "wrong", "stage kind 'wrong': primary output 'report' is not among its outputs "
-                                     "('dataset',)")]
+                                     "('dataset',)"),
+             (Incomplete, "incomplete", "stage kind 'incomplete': Incomplete is not a complete pydantic model: "
+                                        "PydanticUndefinedAnnotation: name 'RowsNobodyDefined' is not defined")]
     for config, name, message in cases:
         with pytest.raises(StageKindError) as error:
             check_declaration(config, name)
@@ -87,11 +94,15 @@ def test_a_packages_kind_validates_and_a_broken_one_is_one_line(tmp_path):
 
 
 def test_the_code_version_covers_every_stage_package_and_a_packages_kind(tmp_path, monkeypatch):
-    assert code_packages() == ["artifacts", "data_contracts", "envs", "models", "tasks"]
+    assert code_packages() == ("artifacts", "data_contracts", "envs", "models", "tasks")
     assert kind_code_version("tasks.stages.sft") is None  # the project's code version covers it
     plugins = write_toy_stage(tmp_path / "site")
+    (plugins / "toy_single.py").write_text(TOY_MODULE)  # a kind in a module of its own, no package
     monkeypatch.syspath_prepend(str(plugins))
-    before = kind_code_version.__wrapped__("toy_sums")
-    assert len(before) == 16
+    package, single = kind_code_version.__wrapped__("toy_sums"), kind_code_version.__wrapped__("toy_single")
+    assert len(package) == len(single) == 16
     (plugins / "toy_sums" / "__init__.py").write_text(TOY_MODULE + "\n# changed\n")
-    assert kind_code_version.__wrapped__("toy_sums") != before  # an edit of the package's code: new cache keys
+    (plugins / "toy_single.py").write_text(TOY_MODULE + "\n# changed\n")
+    # an edit of the package's code: new cache keys for its stages
+    assert kind_code_version.__wrapped__("toy_sums") != package
+    assert kind_code_version.__wrapped__("toy_single") != single

@@ -3,7 +3,11 @@ whether its files are still what its manifest says."""
 
 from __future__ import annotations
 
+import re
+
 from flows.cli.common import DEFAULT_STORE, UserError, open_store, resolve_ref
+
+PIPELINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")  # a spec's `name`
 
 
 def human_size(size: int) -> str:
@@ -23,9 +27,7 @@ def listing_row(manifest: dict) -> tuple[str, ...]:
 
 
 def cmd_ls(args) -> int:
-    from artifacts.refs import valid_name
-
-    if args.pipeline is not None and not valid_name(args.pipeline):
+    if args.pipeline is not None and not PIPELINE_NAME.fullmatch(args.pipeline):
         raise UserError(f"pipeline: not a pipeline name: {args.pipeline!r}")
     store = open_store(args.store)
     manifests = store.manifests(args.pipeline)

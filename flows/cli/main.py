@@ -1,5 +1,7 @@
-"""`posttrain` command line: run | validate | status | eval | serve | serve-model | lineage | verify |
-contracts | envs | sandbox."""
+"""`posttrain` command line: run | validate | status | eval | serve | serve-model | ls | lineage |
+verify | contracts | envs | sandbox, and --version. This module holds the parser, the dispatch and
+the run/validate/status/contracts/envs/sandbox commands; the others are in flows/cli/artifacts.py
+and flows/cli/serving.py."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flows.spec import PipelineSpec, topological_order
+from tasks.kinds import produces
 
 
 def print_dag(spec: PipelineSpec) -> None:
@@ -21,11 +22,11 @@ def print_dag(spec: PipelineSpec) -> None:
 
 
 def eval_rows(summary: dict) -> list[tuple[str, str, dict]]:
-    """(checkpoint, env, metrics) of every evaluate stage, checkpoints in the order the run made them."""
+    """(checkpoint, env, metrics) of every evaluation stage, checkpoints in the order the run made them."""
     made = [stage["id"] for stage in summary["stages"]]
     rows = []
     for stage in summary["stages"]:
-        if stage["kind"] == "evaluate":
+        if produces(stage["kind"]) == "evaluation":
             for checkpoint in sorted(stage["metrics"], key=lambda c: made.index(c) if c in made else len(made)):
                 rows += [(checkpoint, env, metrics) for env, metrics in stage["metrics"][checkpoint].items()]
     return rows

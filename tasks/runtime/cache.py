@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 from functools import lru_cache
+from importlib.metadata import distribution
 from pathlib import Path
 
 from artifacts.refs import hash_value
@@ -21,10 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 NOT_STAGE_CODE = ("flows", "tests", "bench")  # nothing a stage runs imports these (tests/test_layers.py)
 
 
-def code_packages() -> list[str]:
-    """The project's top-level packages a stage may import."""
-    return sorted(path.name for path in ROOT.iterdir()
-                  if (path / "__init__.py").is_file() and path.name not in NOT_STAGE_CODE)
+@lru_cache(maxsize=1)
+def code_packages() -> tuple[str, ...]:
+    """The project's top-level packages a stage may import: in a checkout (a pyproject.toml beside
+    them: a clone, an editable install, the worker image) every folder with an `__init__.py`, so a
+    new package needs no listing; in a wheel installed into site-packages, its top_level.txt."""
+    if (ROOT / "pyproject.toml").is_file():
+        names = [path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()]
+    else:
+        names = distribution("posttrain").read_text("top_level.txt").split()
+    return tuple(sorted(name for name in names if name not in NOT_STAGE_CODE))
 
 
 def files_digest(folder: Path, relative_to: Path) -> dict[str, str]:
@@ -44,17 +51,22 @@ def code_version() -> str:
 
 @lru_cache(maxsize=None)
 def kind_code_version(run_module: str) -> str | None:
-    """Hash of the package of a stage kind that lives outside the project (None for built-in
-    kinds, which the code version covers)."""
-    spec = importlib.util.find_spec(run_module.split(".")[0])
-    if spec is None or spec.origin is None:
+    """Hash of the code of a stage kind that is not the project's (a package's, declared through an
+    entry point): every file of its top-level package, or its module file. None for the project's
+    own kinds, which the code version covers."""
+    top = run_module.split(".")[0]
+    if top in code_packages():
         return None
-    origin = Path(spec.origin).resolve()
-    if origin.is_relative_to(ROOT):
-        return None
-    folder = origin.parent if origin.name == "__init__.py" else None
-    sources = files_digest(folder, folder.parent) if folder else \
-        {origin.name: hashlib.sha256(origin.read_bytes()).hexdigest()}
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        raise ModuleNotFoundError(f"stage kind module {run_module!r} is not importable")
+    if spec.submodule_search_locations:  # a package, regular or namespace (spread over folders)
+        sources = {}
+        for folder in map(Path, spec.submodule_search_locations):
+            sources.update(files_digest(folder, folder.parent))
+    else:
+        origin = Path(spec.origin)
+        sources = {origin.name: hashlib.sha256(origin.read_bytes()).hexdigest()}
     return hash_value(sources)[:16]
 
 

@@ -1,0 +1,17 @@
+"""A spec text is parsed (and its envs built) once per process: the CLI, the flow it starts and an
+inline evaluation that reads the same text back from the store share one PipelineSpec."""
+
+from flows.spec import load_spec, parse_spec_text
+from tests.e2e.helpers import tiny_spec, write
+
+
+def test_a_spec_text_is_parsed_once_per_process_and_again_when_its_variables_change(tmp_path, monkeypatch):
+    spec = tiny_spec("${STORE_URI}")
+    path = write(tmp_path, spec)
+    monkeypatch.setenv("STORE_URI", f"file://{tmp_path / 'a'}")
+    parsed, text = load_spec(path)
+    assert parse_spec_text(text) is parsed  # the flow's parse of the CLI's text
+    assert parse_spec_text(text, "specs/0123.yaml") is parsed  # the evaluation flow's, read from the store
+    monkeypatch.setenv("STORE_URI", f"file://{tmp_path / 'b'}")
+    again = parse_spec_text(text)
+    assert again is not parsed and again.store == f"file://{tmp_path / 'b'}"
