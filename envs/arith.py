@@ -55,6 +55,7 @@ def completion_words(completion: str, task: Task, outcome: Outcome = NO_OUTCOME)
 
 
 class ArithEnv:
+    config_class = ArithEnvConfig
     restarts_context = False
     pays_per_step = False
     max_turns = 1

@@ -133,7 +133,13 @@ class SingleTurn:
         return NO_OUTCOME
 
 
+class EnvKindError(Exception):
+    """A package's env kind cannot be used: it fails to import or misses part of the protocol
+    (envs/loader.py). Defined here so the CLI can catch it without loading the kinds."""
+
+
 class Environment(Protocol):
+    config_class: type  # the pydantic config of the kind (`kind: Literal["<name>"]` + its fields)
     name: str
     rubric: Rubric
     max_turns: int  # actions per episode at most; the episode is cut (truncated) after that

@@ -82,6 +82,7 @@ def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> fl
 
 
 class CalcEnv:
+    config_class = CalcEnvConfig
     restarts_context = False
     pays_per_step = False
     action_stop = ("</calc>",)

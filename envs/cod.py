@@ -142,6 +142,7 @@ def position_metric(j: int):
 
 
 class CodEnv:
+    config_class = CodEnvConfig
     restarts_context = True  # each task of a pack starts a fresh context: not one token sequence
     pays_per_step = True  # every solve turn is paid; the rubric's pack mean is a summary, not paid again
     action_stop = ("</moves>", "</hints>")

@@ -185,6 +185,7 @@ def tool_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> f
 
 
 class OpenClawEnv:
+    config_class = OpenClawEnvConfig
     restarts_context = False
     pays_per_step = False
     action_stop = ("</tool>",)

@@ -236,6 +236,7 @@ def outcome_metric(key: str) -> Callable[..., float]:
 
 
 class RlmEnv:
+    config_class = RlmEnvConfig
     restarts_context = False
     pays_per_step = False
     action_stop = ("</repl>",)

@@ -153,6 +153,7 @@ class SearchEpisode:
 
 
 class SearchEnv:
+    config_class = SearchEnvConfig
     restarts_context = False
     pays_per_step = False
     action_stop = ("</search>",)

@@ -231,6 +231,7 @@ class TerminalEnvConfig(BaseModel):
 
 
 class TerminalEnv:
+    config_class = TerminalEnvConfig
     restarts_context = False
     pays_per_step = False
     action_stop = ("</bash>",)

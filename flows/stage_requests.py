@@ -8,10 +8,11 @@ from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
 from artifacts.store import StoreLocation
+from envs.loader import env_package
 from flows.spec import PipelineSpec
 from models.loading import base_identity
 from tasks.request import Producer, StageRequest
-from tasks.runtime.cache import code_version, stage_cache_key, task_folder_digest
+from tasks.runtime.cache import code_version, package_code_version, stage_cache_key, task_folder_digest
 
 
 def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: StoreLocation, run_id: str,
@@ -23,7 +24,8 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     base = base_identity(spec.model.base)
     context = {"model": spec.model.model_dump(), "base": base,
                "envs": {env_id: config.model_dump() for env_id, config in envs.items()},
-               "env_data": {env_id: task_folder_digest(config) for env_id, config in envs.items()}}
+               "env_data": {env_id: task_folder_digest(config) for env_id, config in envs.items()},
+               "env_code": {env_id: env_code(config) for env_id, config in envs.items()}}
     key = stage_cache_key(stage, inputs, context)
     producer = Producer(pipeline=spec.name, run_id=run_id, stage_id=stage.id, stage_kind=stage.kind,
                         config_hash=hash_value(stage.params())[:16], code_version=code_version(), cache_key=key,
@@ -31,6 +33,15 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     return StageRequest(stage=stage, pipeline=spec.name, run_id=run_id, cache_key=key, model=spec.model, envs=envs,
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
                         evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name)
+
+
+def env_code(config) -> dict | None:
+    """What identifies a package's env kind in cache keys: its distribution and version, and the hash
+    of its code; None for a built-in kind (the code version covers it)."""
+    package = env_package(config)
+    if package is None:
+        return None
+    return {"package": package, "code": package_code_version(type(config).__module__)}
 
 
 def new_run_id(prefix: str) -> str:

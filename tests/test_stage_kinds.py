@@ -12,7 +12,7 @@ from toy_stage import TOY_MODULE, write_package, write_toy_stage
 
 from tasks.config import StageBase, StageKindError
 from tasks.kinds import BUILTIN_KINDS, STAGE_KINDS, check_declaration, warm_modules
-from tasks.runtime.cache import code_packages, kind_code_version
+from tasks.runtime.cache import code_packages, package_code_version
 
 
 def test_every_builtin_kind_declares_itself_completely():
@@ -95,14 +95,14 @@ def test_a_packages_kind_validates_and_a_broken_one_is_one_line(tmp_path):
 
 def test_the_code_version_covers_every_stage_package_and_a_packages_kind(tmp_path, monkeypatch):
     assert code_packages() == ("artifacts", "data_contracts", "envs", "models", "tasks")
-    assert kind_code_version("tasks.stages.sft") is None  # the project's code version covers it
+    assert package_code_version("tasks.stages.sft") is None  # the project's code version covers it
     plugins = write_toy_stage(tmp_path / "site")
     (plugins / "toy_single.py").write_text(TOY_MODULE)  # a kind in a module of its own, no package
     monkeypatch.syspath_prepend(str(plugins))
-    package, single = kind_code_version.__wrapped__("toy_sums"), kind_code_version.__wrapped__("toy_single")
+    package, single = package_code_version.__wrapped__("toy_sums"), package_code_version.__wrapped__("toy_single")
     assert len(package) == len(single) == 16
     (plugins / "toy_sums" / "__init__.py").write_text(TOY_MODULE + "\n# changed\n")
     (plugins / "toy_single.py").write_text(TOY_MODULE + "\n# changed\n")
     # an edit of the package's code: new cache keys for its stages
-    assert kind_code_version.__wrapped__("toy_sums") != package
-    assert kind_code_version.__wrapped__("toy_single") != single
+    assert package_code_version.__wrapped__("toy_sums") != package
+    assert package_code_version.__wrapped__("toy_single") != single

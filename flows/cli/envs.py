@@ -1,4 +1,5 @@
-"""`posttrain envs check KIND` and `posttrain sandbox -- CMD`: env tasks and the sandbox by hand."""
+"""`posttrain envs check KIND | list` and `posttrain sandbox -- CMD`: env tasks, the env kinds and
+the sandbox by hand."""
 
 from __future__ import annotations
 
@@ -59,6 +60,18 @@ def check(kind: str, tasks: str | None, spec) -> int:
     print(f"{env.name}: {len(rows) - failed}/{len(rows)} tasks hold (oracle = full reward "
           f"{rows[0].full_reward:g}, no-op = 0)" if rows else f"{env.name}: no tasks")
     return 0 if rows and failed == 0 else 1
+
+
+def list_kinds() -> int:
+    """One row per env kind a spec can name: where it comes from and its class."""
+    from envs.loader import ENV_KINDS_BY_NAME
+
+    rows = [(name, kind.source, f"{kind.env_class.__module__}:{kind.env_class.__name__}")
+            for name, kind in ENV_KINDS_BY_NAME.items()]
+    widths = [max(len(row[i]) for row in [("kind", "from", "class"), *rows]) for i in range(3)]
+    for row in [("kind", "from", "class"), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
 
 
 def sandbox(command: list[str], files: str | None, python: bool) -> int:

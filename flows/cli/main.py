@@ -119,6 +119,12 @@ def cmd_envs_check(args) -> int:
         raise UserError(str(exc)) from None
 
 
+def cmd_envs_list(args) -> int:
+    from flows.cli.envs import list_kinds
+
+    return list_kinds()
+
+
 def cmd_sandbox(args) -> int:
     from flows.cli.envs import EnvInputError, sandbox
 
@@ -164,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     env_check.add_argument("--tasks", help="a task folder instead of the shipped one")
     env_check.add_argument("--spec", help="take the env (by id) and the tokenizer from this spec")
     env_check.set_defaults(func=cmd_envs_check)
+    env_list = envs.add_parser("list", help="the env kinds a spec can name: built in, and from installed packages")
+    env_list.set_defaults(func=cmd_envs_list)
     box = commands.add_parser("sandbox", help="run one command in the envs' sandbox and print what the policy sees")
     box.add_argument("--files", help="a folder copied into the sandbox's /work first (a task's environment/)")
     box.add_argument("--python", action="store_true", help="run the text as a Python cell (the rlm REPL)")
@@ -200,6 +208,7 @@ def version_line() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from envs.base import EnvKindError
     from tasks.config import StageKindError
 
     for key, value in QUIET_DEFAULTS.items():
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UserError, StageKindError) as exc:
+    except (UserError, StageKindError, EnvKindError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -50,16 +50,17 @@ def code_version() -> str:
 
 
 @lru_cache(maxsize=None)
-def kind_code_version(run_module: str) -> str | None:
-    """Hash of the code of a stage kind that is not the project's (a package's, declared through an
-    entry point): every file of its top-level package, or its module file. None for the project's
-    own kinds, which the code version covers."""
-    top = run_module.split(".")[0]
+def package_code_version(module: str) -> str | None:
+    """Hash of the code of a stage or env kind that is not the project's (a package's, declared
+    through an entry point): every file of `module`'s top-level package, or its module file. None
+    for the project's own modules, which the code version covers. (A package's version alone
+    would miss an edit of an editable install.)"""
+    top = module.split(".")[0]
     if top in code_packages():
         return None
     spec = importlib.util.find_spec(top)
     if spec is None:
-        raise ModuleNotFoundError(f"stage kind module {run_module!r} is not importable")
+        raise ModuleNotFoundError(f"module {module!r} is not importable")
     if spec.submodule_search_locations:  # a package, regular or namespace (spread over folders)
         sources = {}
         for folder in map(Path, spec.submodule_search_locations):
@@ -81,7 +82,7 @@ def task_folder_digest(env_config) -> str | None:
 
 def stage_cache_key(stage, inputs: dict[str, str], context: dict) -> str:
     """key = hash(stage kind, canonical params, input refs, code version, model/env configs)."""
-    code = {"project": code_version(), "kind": kind_code_version(type(stage).run_module())}
+    code = {"project": code_version(), "kind": package_code_version(type(stage).run_module())}
     return hash_value({"kind": stage.kind, "params": stage.params(), "inputs": inputs, "code": code,
                        "context": context})[:32]
 

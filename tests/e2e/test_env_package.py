@@ -1,0 +1,58 @@
+"""End-to-end: an env kind from an installed package (a `posttrain.envs` entry point), installed
+with pip from a local folder into a target of its own (no index, no network, the venv untouched),
+listed by `posttrain envs list` and run by a spec; its version and code enter the cache keys."""
+
+import subprocess
+import sys
+
+from toy_env import write_echo_env
+
+from tests.e2e.helpers import by_id, posttrain, summary, write
+
+
+def pip_install(source, target) -> None:
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-build-isolation",
+                           "--no-deps", "--target", str(target), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_installed_env_package_is_listed_and_runs_in_a_spec(tmp_path):
+    site = tmp_path / "site-packages"
+    pip_install(write_echo_env(tmp_path / "echo-src", "0.3.0"), site)
+    env = {"PYTHONPATH": str(site)}
+    listed = posttrain("envs", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[-1].split() == ["echo", "echo-env", "0.3.0", "echo_env:EchoEnv"]
+    checked = posttrain("envs", "check", "echo", env=env)
+    assert checked.returncode == 0 and "echo: 12/12 tasks hold" in checked.stdout, checked.stdout + checked.stderr
+
+    store = tmp_path / "store"
+    spec = write(tmp_path, {
+        "name": "echo", "store": f"file://{store}", "model": {"base": "tiny-llama"}, "envs": {"words": {"kind": "echo"}},
+        "defaults": {"retries": 0, "retry_delay_seconds": 0, "timeout_seconds": 600},
+        "stages": [{"id": "warmup", "kind": "synthesize", "env": "words", "n": 32},
+                   {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 3, "batch_size": 8},
+                   {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft"], "envs": ["words"], "n": 3,
+                    "max_new_tokens": 8, "sampled": None}]})
+    run = posttrain("run", spec, "--summary-json", tmp_path / "run.json", env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stages = by_id(summary(tmp_path / "run.json"))
+    assert [stages[s]["state"] for s in ("warmup", "sft", "final-eval")] == ["completed"] * 3
+    assert stages["warmup"]["metrics"]["teacher_accuracy"] == 1.0
+    assert stages["final-eval"]["metrics"]["sft"]["words"]["n"] == 3
+
+    newer = tmp_path / "site-packages-2"  # a new release of the package (pip --target keeps old dist-infos)
+    pip_install(write_echo_env(tmp_path / "echo-src", "0.3.1"), newer)
+    again = posttrain("run", spec, "--summary-json", tmp_path / "again.json", env={"PYTHONPATH": str(newer)})
+    assert again.returncode == 0
+    # the stages that name the env run again; sft reads only warmup's dataset, which came out the same
+    rerun = by_id(summary(tmp_path / "again.json"))
+    assert [rerun[s]["state"] for s in ("warmup", "sft", "final-eval")] == ["completed", "cached", "completed"]
+    assert rerun["warmup"]["outputs"] == stages["warmup"]["outputs"]
+
+    unknown = write(tmp_path, {"name": "nope", "envs": {"x": {"kind": "ech"}},
+                               "stages": [{"id": "w", "kind": "synthesize", "env": "x", "n": 1}]})
+    refused = posttrain("validate", unknown, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: envs.x.kind: unknown kind 'ech' (expected one of ") and "'echo'" in refused.stderr

@@ -1,0 +1,63 @@
+"""Env kinds: each env class names its pydantic config; packages add kinds through the
+`posttrain.envs` entry points, and a broken one is a one-line error."""
+
+import os
+import subprocess
+from typing import Literal
+
+import pytest
+from conftest import POSTTRAIN, ROOT
+from pydantic import BaseModel
+from toy_env import ECHO_MODULE
+from toy_stage import write_package
+
+from envs.arith import ArithEnv
+from envs.base import EnvKindError
+from envs.loader import BUILTIN_ENVS, ENV_KINDS, check_env_class, env_package
+
+
+def test_every_builtin_env_kind_passes_the_package_check():
+    for env_class in BUILTIN_ENVS:
+        check_env_class(env_class, env_class.config_class.model_fields["kind"].annotation.__args__[0])
+    assert ENV_KINDS == ("arith", "calc", "search", "cod", "openclaw", "rlm", "terminal")
+    assert env_package(ArithEnv.config_class(kind="arith")) is None  # built in: the code version covers it
+
+
+def test_a_wrong_env_class_names_what_is_wrong():
+    class NoConfig:
+        pass
+
+    class Other(BaseModel):
+        kind: Literal["other"]
+
+    class Misnamed:
+        config_class = Other
+
+    class Echo(BaseModel):
+        kind: Literal["echo"]
+
+    class Partial:
+        config_class = Echo
+        max_turns = 1
+
+        def tasks(self, split, n, seed):
+            return []
+
+    cases = [(NoConfig, "echo", "does not name its pydantic config as `config_class`"),
+             (Misnamed, "echo", "env kind 'echo': Other needs the field `kind: Literal['echo']`"),
+             (Partial, "echo", "env kind 'echo': Partial lacks all_tasks, start, oracle_actions, reference_completion, "
+                               "is_correct, is_formatted, action_stop, restarts_context, pays_per_step (envs/base.py)")]
+    for env_class, name, message in cases:
+        with pytest.raises(EnvKindError) as error:
+            check_env_class(env_class, name)
+        assert message in str(error.value)
+
+
+def test_a_broken_env_package_is_one_line(tmp_path):
+    broken = write_package(tmp_path / "broken", "echo_env", ECHO_MODULE.replace("from envs.base", "from envs.nowhere"),
+                           "[posttrain.envs]\necho = echo_env:EchoEnv\n")
+    listed = subprocess.run([POSTTRAIN, "envs", "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(broken)})
+    assert listed.returncode == 2 and listed.stderr == (
+        "error: env kind 'echo' (entry point echo = echo_env:EchoEnv) fails to load: "
+        "ModuleNotFoundError: No module named 'envs.nowhere'\n")
