@@ -61,3 +61,25 @@ def test_a_broken_env_package_is_one_line(tmp_path):
     assert listed.returncode == 2 and listed.stderr == (
         "error: env kind 'echo' (entry point echo = echo_env:EchoEnv) fails to load: "
         "ModuleNotFoundError: No module named 'envs.nowhere'\n")
+
+
+def test_a_package_envs_release_changes_the_keys_of_the_stages_that_name_it(monkeypatch):
+    from envs import loader
+    from flows.spec import load_spec
+    from flows.stage_requests import stage_request
+
+    spec, _ = load_spec(ROOT / "pipelines" / "quickstart.yaml")
+    warmup, sft = spec.stage("warmup"), spec.stage("sft")
+
+    def keys() -> tuple[str, str]:
+        requests = [stage_request(spec, stage, inputs, store=spec.store_location(), run_id="r", spec_hash=None)
+                    for stage, inputs in ((warmup, {}), (sft, {"warmup": "quickstart/warmup@" + "0" * 16}))]
+        return requests[0].cache_key, requests[1].cache_key
+
+    built_in = keys()
+    for version in ("0.3.0", "0.3.1"):  # arith as if a package had declared it
+        monkeypatch.setitem(loader.ENV_KINDS_BY_NAME, "arith", loader.EnvKind(ArithEnv, "arith-env", version))
+        assert env_package(ArithEnv.config_class(kind="arith")) == f"arith-env {version}"
+        released = keys()
+        assert released[0] != built_in[0] and released[1] == built_in[1]  # sft names no env
+        built_in = released
