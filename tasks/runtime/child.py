@@ -62,8 +62,8 @@ def commit_outputs(ctx, outputs: dict, primary: str, checked: dict) -> dict[str,
     The primary output is `<pipeline>/<stage>` (what downstream stages read); any other is
     `<pipeline>/<stage>.<key>` (stage ids cannot contain dots). Each lists the stage's inputs
     (artifacts that existed before it ran) and, as its `siblings`, the other outputs of the run,
-    keyed like their names (`sft.report`). The primary is committed last: once it exists, so do
-    its siblings.
+    keyed `<stage id>.<output>` (the primary: `<stage id>`). The primary is committed last: once it
+    exists, so do its siblings.
     """
     names = {key: ctx.output_name if key == primary else f"{ctx.output_name}.{key}" for key in outputs}
     hashes = {key: folder_hashes(output.local_dir) for key, output in outputs.items()}
@@ -133,8 +133,8 @@ def main(argv: list[str], orchestrator: int | None = None) -> int:
 
 
 def forked_main(request_path: str, result_path: str, env: dict, cwd: str, orchestrator: int) -> None:
-    """Entry point in a process forked from the runner's warm fork server (tasks/runtime/runner.py): the
-    same as `python -m tasks.runtime.child`, with the environment and working folder a fresh process
+    """Entry point in a process forked from the warm fork server (tasks/runtime/launch.py): the same
+    as `python -m tasks.runtime.child`, with the environment and working folder a fresh process
     would have had."""
     os.environ.clear()
     os.environ.update(env)
