@@ -6,7 +6,6 @@ class names its pydantic config as `config_class`; the spec's `envs:` union is b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Annotated, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
@@ -16,6 +15,7 @@ from envs.base import EnvKindError
 from envs.calc import CalcEnv
 from envs.cod import CodEnv
 from envs.openclaw import OpenClawEnv
+from envs.plugins import declared
 from envs.rlm import RlmEnv
 from envs.search import SearchEnv
 from envs.terminal import TerminalEnv
@@ -52,28 +52,11 @@ def check_env_class(env_class, name: str) -> None:
         raise EnvKindError(f"env kind {name!r}: {env_class.__name__} lacks {', '.join(missing)} (envs/base.py)")
 
 
-def _package_kinds(builtin: dict[str, EnvKind]) -> dict[str, EnvKind]:
-    kinds = {}
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        where = f"entry point {entry.name} = {entry.value}"
-        try:
-            env_class = entry.load()
-        except Exception as exc:  # a third-party package: any import error is its own
-            raise EnvKindError(f"env kind {entry.name!r} ({where}) fails to load: "
-                               f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
-        check_env_class(env_class, entry.name)
-        known = kinds.get(entry.name) or builtin.get(entry.name)
-        if known is not None and known.env_class is not env_class:
-            raise EnvKindError(f"env kind {entry.name!r} is declared twice: {where} and "
-                               f"{known.env_class.__module__}.{known.env_class.__name__}")
-        kinds[entry.name] = EnvKind(env_class, entry.dist.name if entry.dist else "?",
-                                    entry.dist.version if entry.dist else "?")
-    return kinds
-
-
 def _all_kinds() -> dict[str, EnvKind]:
-    builtin = {env.config_class.model_fields["kind"].annotation.__args__[0]: EnvKind(env) for env in BUILTIN_ENVS}
-    return {**builtin, **_package_kinds(builtin)}
+    builtin = {env.config_class.model_fields["kind"].annotation.__args__[0]: env for env in BUILTIN_ENVS}
+    packages = declared(ENTRY_POINT_GROUP, "env kind", EnvKindError, builtin, check_env_class)
+    return {**{name: EnvKind(env) for name, env in builtin.items()},
+            **{kind.name: EnvKind(kind.obj, kind.package, kind.version) for kind in packages}}
 
 
 ENV_KINDS_BY_NAME: dict[str, EnvKind] = _all_kinds()

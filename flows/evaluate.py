@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prefect import flow, get_run_logger
 
 from artifacts.refs import BadRef, Ref
-from artifacts.store import Store, StoreError, StoreLocation
+from artifacts.store import Store, StoreError
 from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
 from flows.report_artifacts import publish_reports
@@ -117,7 +117,7 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")
-    artifact_store = StoreLocation(uri=store, options=storage_options or {}).open()
+    artifact_store = Store(store, storage_options)
     plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
     options = stage_task_options(plan.request, f"evaluate {plan.label}")
     state = run_stage.with_options(**options)(plan.request, return_state=True)

@@ -9,11 +9,11 @@ config class and its `run(stage, ctx)`, plus one line here or one entry point.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
+from envs.plugins import declared
 from tasks.config import StageBase, StageKindError
 from tasks.stages.evaluate import EvaluateStage
 from tasks.stages.generate import GenerateStage
@@ -50,30 +50,10 @@ def check_declaration(config: type, name: str) -> None:
                              f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
-def _package_kinds() -> dict[str, type]:
-    kinds = {}
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        where = f"entry point {entry.name} = {entry.value}"
-        try:
-            config = entry.load()
-        except Exception as exc:  # a third-party package: any import error is its own
-            raise StageKindError(f"stage kind {entry.name!r} ({where}) fails to load: "
-                                 f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
-        check_declaration(config, entry.name)
-        if entry.name in kinds and kinds[entry.name] is not config:
-            raise StageKindError(f"stage kind {entry.name!r} is declared twice: {where} and "
-                                 f"{kinds[entry.name].__module__}.{kinds[entry.name].__name__}")
-        kinds[entry.name] = config
-    return kinds
-
-
 def _all_kinds() -> dict[str, type]:
     kinds = {config.kind_name(): config for config in BUILTIN_KINDS}
-    for name, config in _package_kinds().items():
-        if name in kinds and kinds[name] is not config:
-            raise StageKindError(f"stage kind {name!r} ({config.__module__}.{config.__name__}) is already a "
-                                 f"kind of {kinds[name].__module__}")
-        kinds[name] = config
+    for package_kind in declared(ENTRY_POINT_GROUP, "stage kind", StageKindError, kinds, check_declaration):
+        kinds[package_kind.name] = package_kind.obj
     return kinds
 
 

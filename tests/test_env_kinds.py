@@ -53,11 +53,16 @@ def test_a_wrong_env_class_names_what_is_wrong():
         assert message in str(error.value)
 
 
+def envs_list(packages) -> subprocess.CompletedProcess:
+    """`posttrain envs list` with the packages of folder `packages` installed (on the path)."""
+    return subprocess.run([POSTTRAIN, "envs", "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(packages)})
+
+
 def test_a_broken_env_package_is_one_line(tmp_path):
     broken = write_package(tmp_path / "broken", "echo_env", ECHO_MODULE.replace("from envs.base", "from envs.nowhere"),
                            "[posttrain.envs]\necho = echo_env:EchoEnv\n")
-    listed = subprocess.run([POSTTRAIN, "envs", "list"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(broken)})
+    listed = envs_list(broken)
     assert listed.returncode == 2 and listed.stderr == (
         "error: env kind 'echo' (entry point echo = echo_env:EchoEnv) fails to load: "
         "ModuleNotFoundError: No module named 'envs.nowhere'\n")
@@ -83,3 +88,11 @@ def test_a_package_envs_release_changes_the_keys_of_the_stages_that_name_it(monk
         released = keys()
         assert released[0] != built_in[0] and released[1] == built_in[1]  # sft names no env
         built_in = released
+
+
+def test_a_package_that_takes_a_builtin_kinds_name_is_one_line(tmp_path):
+    clash = write_package(tmp_path / "clash", "echo_env", ECHO_MODULE.replace('Literal["echo"]', 'Literal["arith"]'),
+                          "[posttrain.envs]\narith = echo_env:EchoEnv\n")
+    listed = envs_list(clash)
+    assert listed.returncode == 2 and listed.stderr == (
+        "error: env kind 'arith' is declared twice: entry point arith = echo_env:EchoEnv and envs.arith.ArithEnv\n")
