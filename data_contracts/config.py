@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DATASET_KINDS = ("sft", "rollouts", "preference", "eval")
+DATASET_KINDS = ("sft", "rollouts", "preference", "eval", "text", "prompt_completion", "messages", "prompts")
 
 
 class ContractConfig(BaseModel):

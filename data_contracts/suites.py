@@ -8,16 +8,53 @@ and shows up in the GX result and its Data Docs.
 from __future__ import annotations
 
 from data_contracts.config import ContractParams
+from data_contracts.formats import conversation_problems, decoded
 
 REQUIRED = {
     "sft": ["id", "prompt", "completion"],
     "rollouts": ["id", "prompt_id", "completion", "finish_reason", "reward"],
-    "preference": ["id", "prompt", "chosen", "rejected", "chosen_score", "rejected_score"],
+    "preference": ["id", "prompt", "chosen", "rejected"],
     "eval": ["checkpoint", "env", "mode", "task_id", "completion", "finish_reason", "completion_tokens"],
+    # a user's data, imported by the dataset stage (data_contracts/formats.py)
+    "text": ["id", "text"],
+    "prompt_completion": ["id", "prompt", "completion"],
+    "messages": ["id", "messages"],
+    "prompts": ["id", "prompt"],
 }
 TEXT_COLUMNS = {"sft": ["prompt", "completion"], "rollouts": ["completion"], "preference": ["chosen", "rejected"],
-                "eval": []}
+                "eval": [], "text": ["text"], "prompt_completion": ["prompt", "completion"], "messages": [],
+                "prompts": ["prompt"]}
 BLANK = r"^\s*$"
+# the conversations of each kind of imported data: the columns joined into one conversation, and
+# whether it is trained on (so must hold an assistant turn and end on one)
+CONVERSATIONS = {"messages": [(("messages",), True)], "prompt_completion": [(("prompt", "completion"), True)],
+                 "preference": [(("prompt", "chosen"), True), (("prompt", "rejected"), True)],
+                 "prompts": [(("prompt",), False)]}
+PROBLEMS = ("unknown_roles", "empty_turns", "turns_out_of_order", "no_assistant_turn", "not_ending_on_assistant")
+
+
+def _joined(row, columns: tuple[str, ...]) -> list | None:
+    """The row's conversation over `columns` (None where any part is plain text)."""
+    turns = []
+    for column in columns:
+        value = decoded(row[column]) if row.get(column) is not None else []
+        if not isinstance(value, list):
+            return None
+        turns += value
+    return turns
+
+
+def _conversation_columns(frame, kind: str) -> None:
+    """Per-row counts of what is wrong with each conversation (0 for plain-text rows)."""
+    records = frame.to_dict("records")
+    totals = {name: [0] * len(records) for name in PROBLEMS}
+    for columns, trained in CONVERSATIONS[kind]:
+        for i, row in enumerate(records):
+            turns = _joined(row, columns) if row.get("conversational") in (True,) else None
+            for name, count in (conversation_problems(turns, trained) if turns is not None else {}).items():
+                totals[name][i] += count
+    for name in PROBLEMS:
+        frame[name] = totals[name]
 
 
 def prepare(frame, params: ContractParams):
@@ -32,6 +69,8 @@ def prepare(frame, params: ContractParams):
                                            for loss, env in zip(frame["loss_mask"], frame["env_mask"])]
     if params.kind == "preference":
         frame["chosen_equals_rejected"] = frame["chosen"] == frame["rejected"]
+    if params.kind in CONVERSATIONS and "conversational" in frame:
+        _conversation_columns(frame, params.kind)
     return frame
 
 
@@ -39,7 +78,12 @@ def expectations(frame, params: ContractParams) -> list:
     import great_expectations.expectations as gxe
 
     kind = params.kind
-    checks = [gxe.ExpectColumnToExist(column=column) for column in REQUIRED[kind]]
+    checks = [gxe.ExpectTableRowCountToBeBetween(min_value=1)]  # an empty dataset passes no contract
+    checks += [gxe.ExpectColumnToExist(column=column) for column in REQUIRED[kind]]
+    if "malformed" in frame.columns:  # an imported row that could not be read
+        checks.append(gxe.ExpectColumnValuesToBeNull(column="malformed"))
+    checks += [gxe.ExpectColumnValuesToBeInSet(column=name, value_set=[0]) for name in PROBLEMS
+               if name in frame.columns]
     present = [c for c in REQUIRED[kind] if c in frame.columns]
     checks += [gxe.ExpectColumnValuesToNotBeNull(column=column) for column in present]
     checks += [gxe.ExpectColumnValuesToNotMatchRegex(column=column, regex=BLANK) for column in TEXT_COLUMNS[kind]
@@ -69,6 +113,7 @@ def expectations(frame, params: ContractParams) -> list:
             checks.append(gxe.ExpectColumnValuesToBeInSet(column="env_tokens_trained", value_set=[0]))
     if kind == "preference":
         checks.append(gxe.ExpectColumnValuesToBeInSet(column="chosen_equals_rejected", value_set=[False]))
-        checks.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="chosen_score", column_B="rejected_score",
-                                                                  or_equal=True))
+        if "chosen_score" in frame.columns and "rejected_score" in frame.columns:  # pairs from scored rollouts
+            checks.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="chosen_score",
+                                                                      column_B="rejected_score", or_equal=True))
     return checks

@@ -18,6 +18,7 @@ class Failure:
     column: str
     unexpected_count: int
     example_ids: list = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # positions of every failing row (what on_bad_rows: drop drops)
 
     def line(self) -> str:
         where = f"({self.column})" if self.column else ""
@@ -87,7 +88,8 @@ def validate(frame, params: ContractParams) -> ContractResult:
         if count is None:
             count = len(prepared) if config.type == "expect_column_to_exist" else 0
         indices = list(details.get("unexpected_index_list") or [])
-        failures.append(Failure(config.type, config.kwargs.get("column", ""), int(count), _row_ids(prepared, indices)))
+        failures.append(Failure(config.type, config.kwargs.get("column", ""), int(count), _row_ids(prepared, indices),
+                                [i for i in indices if isinstance(i, int)]))
     return ContractResult(params.kind, len(frame), bool(result.success), len(result.results), failures,
                           json.loads(json.dumps(result.to_json_dict(), default=str)), asdict(params), result)
 

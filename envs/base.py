@@ -44,38 +44,57 @@ def draw_split(catalogue: list[Task], split: str, n: int, seed_key: str, empty: 
 
 @dataclass(frozen=True)
 class RewardFunc:
-    """A named reward function of (transcript, task, outcome); weight 0 makes it a logged metric only."""
+    """A named reward function of (transcript, task, outcome); weight 0 makes it a logged metric only.
+    `with_ids`: it also takes the completion's token ids (`completion_ids=`), where the caller has
+    them. It may return None: "does not apply" (counted, left out of the total, never scored 0)."""
 
     name: str
-    fn: Callable[[str, Task, Outcome], float]
+    fn: Callable[..., float | None]
     weight: float = 1.0
+    with_ids: bool = False
+
+
+class RewardShapeError(Exception):
+    """A reward function broke its contract (a TRL-style function returned the wrong number of
+    values): the stage fails, naming it, rather than scoring on."""
 
 
 @dataclass
 class Score:
-    rewards: dict[str, float]  # NaN where the function raised
+    rewards: dict[str, float | None]  # NaN where the function raised, None where it does not apply
     total: float  # NaN when a weighted function raised: never a silent 0
     errors: dict[str, str]
+
+    @property
+    def not_applied(self) -> int:
+        return sum(value is None for value in self.rewards.values())
 
 
 @dataclass(frozen=True)
 class Rubric:
     funcs: Sequence[RewardFunc]
 
-    def score(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> Score:
+    def score(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME,
+              completion_ids: list[int] | None = None) -> Score:
         rewards, errors = {}, {}
         for func in self.funcs:
             try:
-                rewards[func.name] = float(func.fn(completion, task, outcome))
+                value = func.fn(completion, task, outcome, completion_ids) if func.with_ids else \
+                    func.fn(completion, task, outcome)
+                rewards[func.name] = None if value is None else float(value)
+            except RewardShapeError:
+                raise
             except Exception as exc:  # reported, counted, never silently 0
                 rewards[func.name] = math.nan
                 errors[func.name] = f"{type(exc).__name__}: {exc}"
-        total = sum(func.weight * rewards[func.name] for func in self.funcs if func.weight != 0)
+        total = sum(func.weight * rewards[func.name] for func in self.funcs
+                    if func.weight != 0 and rewards[func.name] is not None)
         return Score(rewards, total, errors)
 
     def penalties(self, score: Score) -> float:
         """The weighted total of the negative-weight terms only (what an invalid trace still gets)."""
-        return sum(f.weight * score.rewards[f.name] for f in self.funcs if f.weight < 0)
+        return sum(f.weight * score.rewards[f.name] for f in self.funcs
+                   if f.weight < 0 and score.rewards[f.name] is not None)
 
     @property
     def reward_range(self) -> tuple[float, float]:
@@ -131,6 +150,15 @@ class SingleTurn:
 
     def finish(self) -> Outcome:
         return NO_OUTCOME
+
+
+class EnvFieldError(ValueError):
+    """An env config field that cannot be used (a reward function that does not import); the spec
+    check prints `envs.<id>.{field}: {message}`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class EnvKindError(Exception):

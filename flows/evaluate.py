@@ -22,6 +22,7 @@ from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
+from flows.spec_data import env_inputs
 from flows.stage_requests import new_run_id, stage_request
 from tasks.request import StageRequest
 from tasks.runtime.launch import warm_up
@@ -84,6 +85,20 @@ def evaluation_stage(spec: PipelineSpec, env_ids: list[str], checkpoint: str, n:
                          seed=settings.seed)
 
 
+def env_data_inputs(spec: PipelineSpec, env_ids: list[str], store: Store, manifest: dict) -> dict[str, str]:
+    """The dataset stages a dataset env reads its rows from: the version the checkpoint was trained
+    with (its manifest's inputs) or else the latest one committed."""
+    inputs = {}
+    for env_id in env_ids:
+        for _, data_id, _ in env_inputs(env_id, spec.envs[env_id]):
+            try:
+                inputs[data_id] = manifest["inputs"].get(data_id) or str(store.latest(f"{spec.name}/{data_id}"))
+            except (BadRef, StoreError) as exc:
+                raise EvaluationInputError(f"env: {env_id} reads its rows from stage {data_id!r}, which has no "
+                                           f"committed dataset: {exc}") from None
+    return inputs
+
+
 def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None = None, n: int | None = None,
                     max_new_tokens: int | None = None, run_id: str | None = None) -> EvaluationPlan:
     """Check the inputs and build the evaluate request; EvaluationInputError on bad input."""
@@ -101,7 +116,8 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
     spec, env_ids = with_envs(spec, envs)
     label = checkpoint_label(ref, spec.name)
     stage = evaluation_stage(spec, env_ids, label, n, max_new_tokens)
-    request = stage_request(spec, stage, {label: str(ref)}, store=store.location, run_id=run_id or new_run_id("eval"),
+    inputs = {label: str(ref), **env_data_inputs(spec, env_ids, store, manifest)}
+    request = stage_request(spec, stage, inputs, store=store.location, run_id=run_id or new_run_id("eval"),
                             spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")
     return EvaluationPlan(spec, stage, request, label)
 

@@ -42,11 +42,12 @@ def save_spec(store: Store, text: str) -> str:
 
 @flow(name="post-train")
 def post_train(spec: str | None = None, store: str | None = None, run_id: str | None = None,
-               spec_text: str | None = None, spec_hash: str | None = None):
+               spec_text: str | None = None, spec_hash: str | None = None, spec_dir: str | None = None):
     """Run every stage in dependency order; a failed stage stops everything downstream of it.
 
     The spec comes as a file's path (`spec`, how a deployment runs it) or as its text (`spec_text`,
-    from the CLI, which has already saved it under `spec_hash`); `store` overrides the spec's store.
+    from the CLI, which has already saved it under `spec_hash`, with the file's folder as `spec_dir`
+    for relative source paths); `store` overrides the spec's store.
     """
     logger = get_run_logger()
     warm_up()
@@ -55,7 +56,7 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
             raise ValueError("post_train needs a spec: a file path (spec) or its text (spec_text)")
         pipeline, spec_text = load_spec(spec)
     else:
-        pipeline = parse_spec_text(spec_text)
+        pipeline = parse_spec_text(spec_text, spec_dir=spec_dir)
     artifact_store = pipeline.store_location(store).open()
     location = artifact_store.location  # normalised (an absolute local path): the child runs elsewhere
     spec_hash = spec_hash or save_spec(artifact_store, spec_text)
@@ -69,7 +70,7 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
     began = time.monotonic()
     output_of: dict[str, str] = {}
     for stage in topological_order(pipeline):
-        deps = [target for _, target, _ in stage.stage_refs()]
+        deps = [target for _, target, _ in pipeline.inputs_of(stage)]
         if any(dep not in output_of for dep in deps):
             summary["not_run"].append(stage.id)
             continue

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -16,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifacts.store import StoreLocation, credential_keys
 from envs.loader import EnvConfig, make_env
+from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
-from tasks.config import Defaults, Judge, SampledEval, SpecRuleError, SpecView
+from tasks.config import Defaults, FieldError, Judge, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
 
 
@@ -67,6 +67,14 @@ class PipelineSpec(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     evaluation: EvaluationConfig = EvaluationConfig()
     workers: WorkersConfig | None = None
+
+    def inputs_of(self, stage) -> list[tuple[str, str, str | tuple[str, ...]]]:
+        """(field path, stage id, what it must produce) of every stage `stage` reads: its own
+        references, and the dataset stages of the envs it names (a dataset env's rows)."""
+        refs = list(stage.stage_refs())
+        for _, env_id in stage.env_refs():
+            refs += env_inputs(env_id, self.envs[env_id]) if env_id in self.envs else []
+        return refs
 
     def evaluation_envs(self) -> list[str]:
         return self.evaluation.envs or list(self.envs)
@@ -147,8 +155,11 @@ def _format_validation_error(error: ValidationError, raw: dict) -> str:
     return f"{path}: {first['msg']} (got {first['input']!r})" if "input" in first else f"{path}: {first['msg']}"
 
 
-def parse_spec(raw) -> PipelineSpec:
-    """Validate an already-parsed YAML document; raises SpecError."""
+def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> PipelineSpec:
+    """Validate an already-parsed YAML document; raises SpecError. Relative paths of what stages
+    read from outside the store resolve against `spec_dir` (the spec file's folder; None: the
+    working folder); `read_sources=False` leaves them unread (a spec read back from the store to
+    evaluate a checkpoint: the stages that imported data have run)."""
     if not isinstance(raw, dict):
         raise SpecError(f"spec: expected a mapping at the top level, got {type(raw).__name__}")
     raw = _interpolate(raw, "")
@@ -157,6 +168,12 @@ def parse_spec(raw) -> PipelineSpec:
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, raw)) from None
     _check_envs(spec)
+    try:
+        inline_env_stages(spec, Path(spec_dir) if spec_dir else None, read_sources)
+        if read_sources:
+            read_stage_sources(spec, Path(spec_dir) if spec_dir else None)
+    except FieldError as exc:
+        raise SpecError(str(exc)) from None
     _check_graph(spec)
     if credential_keys(spec.storage_options):
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
@@ -171,18 +188,24 @@ def load_spec(path: str | Path) -> tuple[PipelineSpec, str]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read spec file ({exc.strerror or type(exc).__name__})") from None
-    return parse_spec_text(text, str(path)), text
+    return parse_spec_text(text, str(path), spec_folder(path)), text
 
 
-def parse_spec_text(text: str, source: str = "spec") -> PipelineSpec:
+def spec_folder(path: str | Path) -> str:
+    """The folder a spec file's relative source paths resolve against."""
+    return str(Path(path).resolve().parent)
+
+
+def parse_spec_text(text: str, source: str = "spec", spec_dir: str | None = None,
+                    read_sources: bool = True) -> PipelineSpec:
     """Parse and validate a spec's YAML text (`source` names it in YAML errors). A process parses a
     given text once: the CLI, the flow it starts and an inline evaluation reading the same text
-    back from the store share the result (keyed by the text and the values of the environment
-    variables it names). The spec is shared, so nobody may modify it (model_copy(update=...)
+    back from the store share the result (keyed by the text, the values of the environment
+    variables it names and `spec_dir`, which relative source paths resolve against). The spec is shared, so nobody may modify it (model_copy(update=...)
     makes a new one)."""
     names = sorted({match.group(1) for match in _ENV_VAR.finditer(text)})
     try:
-        return _parse_text(text, tuple((name, os.environ.get(name)) for name in names))
+        return _parse_text(text, tuple((name, os.environ.get(name)) for name in names), spec_dir, read_sources)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -190,9 +213,23 @@ def parse_spec_text(text: str, source: str = "spec") -> PipelineSpec:
         raise SpecError(f"{source}:{where}: bad YAML: {problem}") from None
 
 
-@lru_cache(maxsize=16)
-def _parse_text(text: str, environment: tuple) -> PipelineSpec:
-    return parse_spec(yaml.safe_load(text))
+_PARSED: dict[tuple, dict] = {}  # (text, environment) -> {(spec_dir, read_sources): spec}
+_PARSED_TEXTS = 16
+
+
+def _parse_text(text: str, environment: tuple, spec_dir: str | None, read_sources: bool) -> PipelineSpec:
+    """One parse per (text, environment, spec_dir, read_sources); a parse that leaves sources unread
+    (a spec read back from the store) takes any parse of the same text, which only adds to it."""
+    parses = _PARSED.setdefault((text, environment), {})
+    if (spec_dir, read_sources) in parses:
+        return parses[(spec_dir, read_sources)]
+    if not read_sources and parses:
+        return next(iter(parses.values()))
+    spec = parse_spec(yaml.safe_load(text), spec_dir, read_sources)
+    parses[(spec_dir, read_sources)] = spec
+    while len(_PARSED) > _PARSED_TEXTS:
+        del _PARSED[next(iter(_PARSED))]
+    return spec
 
 
 def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
@@ -204,7 +241,7 @@ def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
         return None
     text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
     try:
-        return parse_spec_text(text, f"specs/{spec_hash}.yaml")
+        return parse_spec_text(text, f"specs/{spec_hash}.yaml", read_sources=False)
     except SpecError as exc:
         raise SpecError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
 
@@ -215,7 +252,7 @@ def _check_envs(spec: PipelineSpec) -> None:
         try:
             make_env(env_id, config)
         except ValueError as exc:
-            raise SpecError(f"envs.{env_id}.tasks: {exc}") from None
+            raise SpecError(f"envs.{env_id}.{getattr(exc, 'field', 'tasks')}: {exc}") from None
 
 
 def _check_graph(spec: PipelineSpec) -> None:
@@ -232,10 +269,18 @@ def _check_graph(spec: PipelineSpec) -> None:
         for field, target, wanted in stage.stage_refs():
             if target not in index:
                 raise SpecError(f"stages[{i}].{field}: unknown stage {target!r}")
-            produced = type(spec.stages[index[target]]).produces
-            if produced != wanted:
+            produced = spec.stages[index[target]].output_kind()
+            wanted = (wanted,) if isinstance(wanted, str) else wanted
+            if produced is not None and produced not in wanted:
                 raise SpecError(f"stages[{i}].{field}: stage {target!r} produces a {produced}, "
-                                f"a {wanted} is expected here")
+                                f"a {' or a '.join(wanted)} is expected here")
+    for env_id, config in spec.envs.items():
+        for field, target, wanted in env_inputs(env_id, config):
+            if target not in index:
+                raise SpecError(f"{field}: unknown stage {target!r}")
+            produced = spec.stages[index[target]].output_kind()
+            if produced is not None and produced != wanted:
+                raise SpecError(f"{field}: stage {target!r} produces a {produced}, a {wanted} is expected here")
     for i, env_id in enumerate(spec.evaluation.envs or []):
         if env_id not in spec.envs:
             raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
@@ -258,7 +303,7 @@ def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:
             cycle = trail[trail.index(stage_id):] + [stage_id]
             raise SpecError(f"stages[{index[cycle[0]]}]: cycle {' -> '.join(cycle)}")
         state[stage_id] = "active"
-        for _, target, _ in spec.stages[index[stage_id]].stage_refs():
+        for _, target, _ in spec.inputs_of(spec.stages[index[stage_id]]):
             visit(target, trail + [stage_id])
         state[stage_id] = "done"
 
@@ -273,7 +318,7 @@ def topological_order(spec: PipelineSpec) -> list:
     def visit(stage_id: str) -> None:
         if stage_id in done:
             return
-        for _, target, _ in spec.stage(stage_id).stage_refs():
+        for _, target, _ in spec.inputs_of(spec.stage(stage_id)):
             visit(target)
         done.append(stage_id)
 

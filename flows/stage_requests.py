@@ -4,6 +4,7 @@ cache key, provenance, orchestration settings) and what it reads of the stage's 
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
@@ -12,7 +13,7 @@ from envs.loader import env_package
 from flows.spec import PipelineSpec
 from models.loading import base_identity
 from tasks.request import Producer, StageRequest
-from tasks.runtime.cache import code_version, package_code_version, stage_cache_key, task_folder_digest
+from tasks.runtime.cache import code_packages, code_version, package_code_version, stage_cache_key, task_folder_digest
 
 
 def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: StoreLocation, run_id: str,
@@ -26,22 +27,65 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                "envs": {env_id: config.model_dump() for env_id, config in envs.items()},
                "env_data": {env_id: task_folder_digest(config) for env_id, config in envs.items()},
                "env_code": {env_id: env_code(config) for env_id, config in envs.items()}}
+    kept = keep_sources(stage, store)
+    if kept:
+        context["sources"] = kept
     key = stage_cache_key(stage, inputs, context)
     producer = Producer(pipeline=spec.name, run_id=run_id, stage_id=stage.id, stage_kind=stage.kind,
                         config_hash=hash_value(stage.params())[:16], code_version=code_version(), cache_key=key,
                         spec=spec_hash, base_model=base if stage.reads_base_model() else None)
     return StageRequest(stage=stage, pipeline=spec.name, run_id=run_id, cache_key=key, model=spec.model, envs=envs,
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
-                        evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name)
+                        evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
+                        sources=kept, code={path: source for config in envs.values()
+                                            for path, source in reward_code(config).items()})
+
+
+def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:
+    """Read each of the stage's outside sources once and keep it in the store under its content hash
+    (data_contracts/snapshots.py); a hub dataset is named with its cached revision."""
+    from data_contracts.snapshots import keep
+    from data_contracts.sources import hub_revision, options_for, source_files
+
+    kept = {}
+    for name, source in stage.sources().items():
+        if source.kind == "hub":
+            kept[name] = {"hub": source.where, "revision": hub_revision(source.where)}
+            continue
+        kept[name] = keep(store.open(), source_files(source, options_for(source, store.uri, store.options)))
+    return kept
 
 
 def env_code(config) -> dict | None:
-    """What identifies a package's env kind in cache keys: its distribution and version, and the hash
-    of its code; None for a built-in kind (the code version covers it)."""
+    """What identifies an env's code outside the project in cache keys: a package kind's
+    distribution, version and code hash, and the code of the reward functions it names (a user's
+    module); None when all of it is the project's (the code version covers it)."""
+    code = {}
     package = env_package(config)
-    if package is None:
-        return None
-    return {"package": package, "code": package_code_version(type(config).__module__)}
+    if package is not None:
+        code.update(package=package, code=package_code_version(type(config).__module__))
+    carried = reward_code(config)
+    if carried:
+        code["rewards"] = hash_value(carried)
+    return code or None
+
+
+def reward_code(config) -> dict[str, str]:
+    """{path relative to the working folder: source} of the reward modules an env names that live in
+    the working folder (not an installed package, not the project's): they travel with the request,
+    so the stage's process, here or on a worker, imports the very code the orchestrator saw."""
+    import importlib.util
+
+    carried = {}
+    here = Path.cwd().resolve()
+    for module in sorted({reward.module for reward in getattr(config, "rewards", [])}):
+        if module.split(".")[0] in code_packages():
+            continue
+        found = importlib.util.find_spec(module)
+        origin = Path(found.origin).resolve() if found is not None and found.origin else None
+        if origin is not None and origin.is_relative_to(here) and origin.suffix == ".py":
+            carried[origin.relative_to(here).as_posix()] = origin.read_text()
+    return carried
 
 
 def new_run_id(prefix: str) -> str:

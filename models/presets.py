@@ -26,7 +26,7 @@ PRESETS = {
                                max_position_embeddings=512, tie_word_embeddings=True,
                                layer_types=["conv", "full_attention", "conv", "full_attention"])),
 }
-PRESET_FORMAT = 1  # bump when the tokenizer corpus or the build changes
+PRESET_FORMAT = 2  # bump when the tokenizer (corpus, chat template) or the build changes
 
 
 def cache_root() -> Path:

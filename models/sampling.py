@@ -11,6 +11,8 @@ truncation: the model's own for greedy decoding, the temperature-scaled one when
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 
 
@@ -34,8 +36,22 @@ class Generation:
     finish_reason: str = "length"  # "stop" (end token or stop string) | "length" (budget spent)
 
 
+CONVERSATION_PREFIX = '[{"role": '  # a conversational prompt, kept as JSON turns (data_contracts/formats.py)
+
+
+def prompt_turns(prompt: str) -> list[dict]:
+    """A task's prompt as chat turns: its own turns when it is a stored conversation (a system turn,
+    earlier exchanges), else one user turn."""
+    if prompt.startswith(CONVERSATION_PREFIX):
+        try:
+            return json.loads(prompt)
+        except json.JSONDecodeError:
+            pass
+    return [{"role": "user", "content": prompt}]
+
+
 def chat_prompt(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+    text = tokenizer.apply_chat_template(prompt_turns(prompt), tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# OpenAI-style `tools` schemas go in a system block first; an assistant turn's tool calls follow its text as JSON
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nTools: {{ tools | tojson }}<|end|>\n{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% if message['tool_calls'] is defined and message['tool_calls'] %}{{ message['tool_calls'] | tojson }}{% endif %}"
+    "<|end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

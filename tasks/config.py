@@ -10,7 +10,7 @@ YAML `stages:` entries mirror those classes one-to-one. Kept free of heavy impor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,15 @@ ONE_SEQUENCE_ONLY = ("restarts its context for every task of a pack; only an rl 
 class StageKindError(Exception):
     """A package's stage kind cannot be used: it fails to import or declares itself wrongly
     (tasks/kinds.py). Defined here so the CLI can catch it without loading the kinds."""
+
+
+class FieldError(ValueError):
+    """A stage field that cannot be used (`read_sources`); the spec check prints
+    `stages[i].{field}: {message}`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
 
 
 class SpecRuleError(Exception):
@@ -113,13 +122,31 @@ class StageBase(BaseModel):
         """(field path, env id) pairs this stage names."""
         return []
 
-    def stage_refs(self) -> list[tuple[str, str, str]]:
-        """(field path, stage id, what that stage must produce) for every input stage."""
+    def stage_refs(self) -> list[tuple[str, str, str | tuple[str, ...]]]:
+        """(field path, stage id, what that stage must produce: one kind or a tuple of kinds) for
+        every input stage."""
         return []
 
     def reads_base_model(self) -> bool:
         """Whether the stage starts from the spec's base model (not from an input checkpoint)."""
         return False
+
+    def read_sources(self, spec_dir, store) -> None:
+        """Check what the stage reads from outside the store (a dataset's source, its columns), with
+        relative paths resolved against `spec_dir` (the spec file's folder; None: the working
+        folder) and URLs on the store's filesystem read with its options (`store`: the spec's
+        StoreLocation); raise `FieldError`. Run while the spec is parsed, before the graph checks."""
+
+    def sources(self) -> dict:
+        """{name: data_contracts.sources.Source} the orchestrator keeps in the store for the stage
+        (tasks/runtime and flows/stage_requests.py); their content hashes enter its cache key."""
+        return {}
+
+    def output_kind(self) -> str | None:
+        """What the graph sees the primary output as: the class's `produces`, unless the instance
+        decides (a dataset's format); None when only the stage's run can tell (a hub dataset's
+        format), so the graph accepts it and the reading stage checks its rows."""
+        return type(self).produces
 
     def check_spec(self, spec: SpecView) -> None:
         """The kind's rules across stages and envs, run once the references resolve; raise
@@ -178,14 +205,21 @@ class DatasetTrainStage(TrainStage):
     max_steps: int | None = Field(None, gt=0)
     batch_size: int = Field(32, gt=0)
     max_seq_len: int = Field(128, gt=8)
-    data: str | list[str]  # one dataset stage, or several trained on together (e.g. one per env)
+    # one dataset stage, several trained on together with equal weights, or {stage id: weight}
+    data: str | list[str] | dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)
 
     def datasets(self) -> list[str]:
         return [self.data] if isinstance(self.data, str) else list(self.data)
 
-    def data_refs(self, kind: str) -> list[tuple[str, str, str]]:
+    def weights(self) -> list[float]:
+        """Each dataset's share of the examples drawn (normalised by the trainer)."""
+        return list(self.data.values()) if isinstance(self.data, dict) else [1.0] * len(self.datasets())
+
+    def data_refs(self, kind: str | tuple[str, ...]) -> list[tuple[str, str, str | tuple[str, ...]]]:
         if isinstance(self.data, str):
             return [("data", self.data, kind)]
+        if isinstance(self.data, dict):
+            return [(f"data.{data}", data, kind) for data in self.data]
         return [(f"data[{i}]", data, kind) for i, data in enumerate(self.data)]
 
 

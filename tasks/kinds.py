@@ -15,6 +15,7 @@ from pydantic import Field, TypeAdapter
 
 from envs.plugins import declared
 from tasks.config import StageBase, StageKindError
+from tasks.stages.dataset import DatasetStage
 from tasks.stages.evaluate import EvaluateStage
 from tasks.stages.generate import GenerateStage
 from tasks.stages.preference import PreferenceStage
@@ -23,7 +24,7 @@ from tasks.stages.sft import SftStage
 from tasks.stages.synthesize import SynthesizeStage
 
 ENTRY_POINT_GROUP = "posttrain.stages"
-BUILTIN_KINDS = (SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage)
+BUILTIN_KINDS = (DatasetStage, SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage)
 # what every stage process imports, whatever its kind (~12 s on this 2-core machine: the warm fork
 # server imports it once per orchestrator, tasks/runtime/launch.py)
 BASE_PRELOAD = ("torch", "transformers", "great_expectations", "tasks.runtime.child")

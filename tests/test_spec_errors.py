@@ -76,7 +76,7 @@ CASES = {
     "preference data not rollouts": (
         {**GOOD, "stages": GOOD["stages"] + [{"id": "align", "kind": "preference", "policy": "sft",
                                                "data": "warmup"}]},
-        "stages[3].data: stage 'warmup' produces a dataset, a rollouts is expected here"),
+        "stages[3].data: stage 'warmup' produces a dataset, a rollouts or a preference dataset is expected here"),
     "preference from samples 0": (
         {**GOOD, "stages": GOOD["stages"] + [ONPOLICY | {"samples": 0, "greedy": 2}, ALIGN]},
         "stages[3].samples: must be at least 1, generate stage 'onpolicy' feeds preference stage 'align'"),
@@ -119,7 +119,7 @@ CASES = {
     "unknown env kind lists the kinds": (
         {**GOOD, "envs": {**GOOD["envs"], "box": {"kind": "shell"}}},
         "envs.box.kind: unknown kind 'shell' (expected one of 'arith', 'calc', 'search', 'cod', 'openclaw', "
-        "'rlm', 'terminal')"),
+        "'rlm', 'terminal', 'dataset')"),
     "missing terminal task folder": (
         {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": "/nonexistent/tasks"}}},
         "envs.term.tasks: /nonexistent/tasks: no such task folder"),

@@ -16,13 +16,13 @@ from tasks.runtime.cache import code_packages, package_code_version
 
 
 def test_every_builtin_kind_declares_itself_completely():
-    assert list(STAGE_KINDS) == ["synthesize", "generate", "sft", "preference", "rl", "evaluate"]
+    assert list(STAGE_KINDS) == ["dataset", "synthesize", "generate", "sft", "preference", "rl", "evaluate"]
     for config in BUILTIN_KINDS:
         check_declaration(config, config.kind_name())
         assert config.run_module() == f"tasks.stages.{config.kind_name()}"
         assert config.run_module() in warm_modules()
     produced = {name: (config.primary, config.produces) for name, config in STAGE_KINDS.items()}
-    assert produced == {"synthesize": ("dataset", "dataset"), "generate": ("rollouts", "rollouts"),
+    assert produced == {"dataset": ("dataset", "dataset"), "synthesize": ("dataset", "dataset"), "generate": ("rollouts", "rollouts"),
                         "sft": ("checkpoint", "checkpoint"), "preference": ("checkpoint", "checkpoint"),
                         "rl": ("checkpoint", "checkpoint"), "evaluate": ("results", "evaluation")}
 
@@ -78,7 +78,7 @@ def test_a_packages_kind_validates_and_a_broken_one_is_one_line(tmp_path):
 
     without = validate(spec, tmp_path / "nothing")
     assert without.returncode == 2
-    assert without.stderr.startswith("error: stages[0].kind: unknown kind 'sums' (expected one of 'synthesize'")
+    assert without.stderr.startswith("error: stages[0].kind: unknown kind 'sums' (expected one of 'dataset', 'synthesize'")
 
     broken = write_package(tmp_path / "broken", "toy_broken", "import not_installed_anywhere\n",
                            "[posttrain.stages]\nbroken = toy_broken:BrokenStage\n")

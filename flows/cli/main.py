@@ -44,6 +44,7 @@ def cmd_run(args) -> int:
                         "but PREFECT_API_URL is not set")
 
     from flows.post_train import INLINE_EVALUATION, post_train, save_spec
+    from flows.spec import spec_folder
     from flows.stage_requests import new_run_id
     from tasks.runtime.launch import warm_up
 
@@ -57,7 +58,8 @@ def cmd_run(args) -> int:
               f"evaluation.on_new_checkpoint: checkpoint events go to {api}; the evaluate-on-checkpoint "
               "deployment (posttrain serve, or deployments/prefect.yaml) evaluates them", flush=True)
     state = post_train.with_options(flow_run_name=run_id)(store=store.uri, run_id=run_id, spec_text=text,
-                                                          spec_hash=spec_hash, return_state=True)
+                                                          spec_hash=spec_hash, spec_dir=spec_folder(args.spec),
+                                                          return_state=True)
     summary_path = store.path("runs", f"{run_id}.json")
     if not store.exists(summary_path):
         print(f"run {run_id} ended {state.name} before its first stage: {state.message}", file=sys.stderr)

@@ -13,7 +13,7 @@ def print_dag(spec: PipelineSpec) -> None:
     print(f"  envs   {', '.join(f'{k} ({v.kind})' for k, v in spec.envs.items())}")
     print("stages (run order):")
     for stage in topological_order(spec):
-        deps = [target for _, target, _ in stage.stage_refs()]
+        deps = [target for _, target, _ in spec.inputs_of(stage)]
         r = spec.resolved(stage)
         print(f"  {stage.id:<14} {stage.kind:<11} <- {', '.join(deps) or '-':<16} retries={r.retries} "
               f"retry_delay={r.retry_delay_seconds:g}s timeout={r.timeout_seconds:g}s gpus={r.gpus}")

@@ -40,6 +40,7 @@ class StageContext:
     producer: dict = field(default_factory=dict)  # provenance written into the manifests of what it commits
     output_name: str = ""  # name of the primary output (`<pipeline>/<stage id>` unless the request says otherwise)
     announce_path: Path | None = None  # where new checkpoints are announced to the orchestrator, one JSON line each
+    sources: dict = field(default_factory=dict)  # what the orchestrator kept of the stage's outside data (request.sources)
     started: float = field(default_factory=time.monotonic)
 
     def __post_init__(self):
@@ -60,6 +61,18 @@ class StageContext:
         if self.announce_path is not None:
             with open(self.announce_path, "a") as handle:
                 handle.write(json.dumps({"ref": ref, "stage": self.stage_id, "step": step}) + "\n")
+
+    def env(self, env_id: str):
+        """The environment `env_id` of the spec, ready to play: a dataset env gets the rows of its
+        dataset stages (inputs of this stage)."""
+        from envs.loader import make_env
+        from tasks.common.datasets import read_rows
+
+        env = make_env(env_id, self.envs[env_id])
+        if getattr(env, "reads_data", False):
+            rows = [read_rows(self.fetch(stage_id)) for stage_id in env.data_stages()]
+            env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)
+        return env
 
     def input_ref(self, stage_id: str) -> Ref:
         return Ref.parse(self.inputs[stage_id])

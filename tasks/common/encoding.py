@@ -1,13 +1,20 @@
 """Training examples as token ids: a chat prompt (masked from the loss) + a completion (trained
-on, except where the env wrote it), and batches of them padded for the model. Shared by sft and
-preference, so both train on the same tokenization."""
+on, except where the env wrote it), a conversation (trained on its assistant turns), plain text,
+and batches of them padded for the model. Shared by sft, preference and the dataset stage's token
+counts, so all see the same tokenization."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from data_contracts.formats import decoded
 from models.losses import IGNORE_INDEX
 from models.sampling import chat_prompt
+
+
+class TemplateError(ValueError):
+    """The model's chat template cannot give assistant-only masks; str() is one line."""
 
 
 @dataclass
@@ -34,12 +41,96 @@ def encode_example(tokenizer, prompt: str, completion: str, max_len: int) -> Exa
     return encode_ids(chat_prompt(tokenizer, prompt), completion_ids, max_len)
 
 
+def render(tokenizer, turns: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(turns, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(tokenizer, turns: list[dict], tools: list | None, trained_from: int = 0) -> tuple[str, list]:
+    """The conversation rendered by the model's chat template, and the character spans of the
+    assistant turns at index >= `trained_from` (each from after its generation prompt to the end
+    of its rendering). Rendered turn by turn: a template that rewrites earlier turns when a later
+    one is added (e.g. one that drops past reasoning) is refused."""
+    text, spans = "", []
+    for k, turn in enumerate(turns):
+        full = render(tokenizer, turns[:k + 1], tools)
+        start = len(text)
+        if turn["role"] == "assistant" and k >= trained_from and k > 0:
+            head = render(tokenizer, turns[:k], tools, generation_prompt=True)
+            if not head.startswith(text) or not full.startswith(head):
+                raise _rewrites(tokenizer)
+            start = len(head)
+            spans.append((start, len(full)))
+        elif not full.startswith(text):
+            raise _rewrites(tokenizer)
+        text = full
+    return text, spans
+
+
+def _rewrites(tokenizer) -> TemplateError:
+    return TemplateError(f"the chat template of {tokenizer.name_or_path} rewrites earlier turns when a later one is "
+                         "added, so assistant-only masks cannot come from it; train on prompt_completion rows instead")
+
+
+def encode_conversation(tokenizer, turns: list[dict], max_len: int, tools: list | None = None,
+                        trained_from: int = 0) -> Example:
+    """A conversation through the chat template, trained on exactly the tokens of its assistant
+    turns (from `trained_from` on: a prompt-completion row's completion); system, user and tool
+    turns are masked."""
+    text, spans = assistant_spans(tokenizer, turns, tools, trained_from)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = encoded["input_ids"]
+    labels = [token if any(lo <= start and end <= hi for lo, hi in spans) else IGNORE_INDEX
+              for token, (start, end) in zip(ids, encoded["offset_mapping"])]
+    return Example(ids[:max_len], labels[:max_len], len(ids) > max_len)
+
+
+def encode_text(tokenizer, text: str, max_len: int) -> Example:
+    """Plain language modeling: every token and the end token trained on."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return Example(ids[:max_len], ids[:max_len], len(ids) > max_len)
+
+
+def row_tools(row: dict) -> list | None:
+    tools = row.get("tools")
+    return json.loads(tools) if isinstance(tools, str) else None
+
+
 def encode_row(tokenizer, row: dict, max_len: int) -> Example:
-    """A text row (prompt, completion), or a multi-turn row with its token ids and loss mask
-    (the env's observation tokens are not trained on)."""
-    if "token_ids" not in row:  # single-turn datasets are text only
-        return encode_example(tokenizer, row["prompt"], row["completion"], max_len)
-    return encode_ids([], list(row["token_ids"]), max_len, list(row["loss_mask"]))
+    """An SFT row: a multi-turn row with its token ids and loss mask (the env's observation tokens are
+    not trained on), a conversation (`messages`), conversational prompt + completion, plain text,
+    or a text prompt (as the user's turn) + its completion (the assistant's answer)."""
+    if "token_ids" in row and row.get("token_ids") is not None:
+        return encode_ids([], list(row["token_ids"]), max_len, list(row["loss_mask"]))
+    if row.get("messages") is not None:
+        return encode_conversation(tokenizer, decoded(row["messages"]), max_len, row_tools(row))
+    if row.get("text") is not None:
+        return encode_text(tokenizer, row["text"], max_len)
+    if row.get("conversational"):
+        prompt = as_turns(row["prompt"], "user")
+        return encode_conversation(tokenizer, prompt + as_turns(row["completion"], "assistant"), max_len,
+                                   row_tools(row), len(prompt))
+    return encode_example(tokenizer, row["prompt"], row["completion"], max_len)
+
+
+def as_turns(value, role: str) -> list[dict]:
+    """A stored prompt or answer as turns: a conversation as it is, plain text as one `role` turn."""
+    value = decoded(value)
+    return [{"role": role, "content": value}] if isinstance(value, str) else value
+
+
+def prompt_ids(tokenizer, row: dict) -> list[int]:
+    """A prompt-only row's prompt through the chat template, ready for the assistant's answer."""
+    return tokenizer(render(tokenizer, as_turns(row["prompt"], "user"), row_tools(row), generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+
+
+def preference_examples(tokenizer, row: dict, max_len: int) -> tuple[Example, Example]:
+    """An imported preference row's chosen and rejected sides: the prompt's turns (masked) + each
+    answer's assistant turns (trained on)."""
+    prompt = as_turns(row["prompt"], "user") if row.get("prompt") is not None else []
+    return tuple(encode_conversation(tokenizer, prompt + as_turns(row[side], "assistant"), max_len, row_tools(row),
+                                     len(prompt)) for side in ("chosen", "rejected"))
 
 
 def collate(examples: list[Example], pad_id: int, device):

@@ -31,6 +31,32 @@ def batch_indices(n_examples: int, batch_size: int, seed: int, step: int) -> lis
     return order[position * batch_size:(position + 1) * batch_size].tolist()
 
 
+def mixed_batch_indices(sizes: list[int], weights: list[float], batch_size: int, seed: int, step: int) -> list[int]:
+    """`batch_indices` over datasets concatenated in order (`sizes`), drawn by `weights`: each
+    epoch of sum(sizes) examples holds round(share * total) from each dataset, walking through its
+    own seeded permutations (a small dataset with a large weight repeats). One dataset: exactly
+    `batch_indices`."""
+    import torch
+
+    if len(sizes) == 1:
+        return batch_indices(sizes[0], batch_size, seed, step)
+    total = sum(sizes)
+    per_epoch = max(1, total // batch_size)
+    epoch, position = divmod(step, per_epoch)
+    epoch_rows, offset = [], 0
+    live = sum(weight for size, weight in zip(sizes, weights) if size)  # an empty dataset draws nothing
+    for d, (size, weight) in enumerate(zip(sizes, weights)):
+        count = round(weight / live * total) if size else 0
+        start = epoch * count
+        for turn in range(start // size, (start + count - 1) // size + 1) if count else ():
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 100_003 + d * 7919 + turn))
+            lo, hi = max(start - turn * size, 0), min(start + count - turn * size, size)
+            epoch_rows += (order[lo:hi] + offset).tolist()
+        offset += size
+    order = torch.randperm(len(epoch_rows), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return [epoch_rows[i] for i in order[position * batch_size:(position + 1) * batch_size].tolist()]
+
+
 def lr_factor(step: int, warmup: int, total: int, schedule: str = "cosine") -> float:
     """Linear warm-up, then cosine decay to 10% of the peak (or constant at the peak)."""
     if step < warmup:

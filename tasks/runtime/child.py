@@ -86,13 +86,31 @@ def stage_context(request: StageRequest) -> StageContext:
                         stage_id=request.stage.id, cache_key=request.cache_key, model=request.model,
                         envs=request.envs, inputs=request.inputs, workdir=workdir,
                         producer=request.producer.manifest_entry(), output_name=request.primary_name,
-                        announce_path=Path(request.announce_path) if request.announce_path else None)
+                        announce_path=Path(request.announce_path) if request.announce_path else None,
+                        sources=request.sources)
+
+
+def install_code(code: dict[str, str], workdir: Path) -> None:
+    """Put the user code the request carries on the import path (its paths checked: relative,
+    inside the folder, .py files)."""
+    if not code:
+        return
+    folder = workdir / "code"
+    for relative, source in code.items():
+        parts = Path(relative).parts
+        if Path(relative).is_absolute() or ".." in parts or not relative.endswith(".py"):
+            raise ValueError(f"request code path {relative!r} leaves its folder")
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(source)
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
 
 
 def execute(request: StageRequest) -> dict:
     stage = request.stage
     declared = type(stage)
     ctx = stage_context(request)
+    install_code(request.code, ctx.workdir)
     began = time.monotonic()
     try:
         outputs = importlib.import_module(declared.run_module()).run(stage, ctx)

@@ -18,7 +18,6 @@ from pydantic import Field
 
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
-from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
@@ -58,7 +57,7 @@ def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomL
     rows = []
     for trajectory in trajectories:
         task, text = trajectory.task, trajectory.text
-        score = env.rubric.score(text, task, trajectory.outcome)
+        score = env.rubric.score(text, task, trajectory.outcome, trajectory.completion()[0])
         rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
                      "prompt": task.prompt, "answer": task.answer, "completion": text,
                      "reward": score.total, "correct": env.is_correct(text, task, trajectory.outcome),
@@ -66,7 +65,7 @@ def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomL
                      "doom_loop": detector.is_loop(text, trajectory.truncated),
                      "finish_reason": "length" if trajectory.truncated else "stop",
                      "completion_tokens": trajectory.completion_tokens, "turns": len(trajectory.turns),
-                     "reward_errors": len(score.errors),
+                     "reward_errors": len(score.errors), "reward_not_applied": score.not_applied,
                      **{f"outcome_{key}": float(value) for key, value in trajectory.outcome.items()}})
     return rows
 
@@ -84,6 +83,9 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
         "reward_errors": sum(r["reward_errors"] for r in greedy + sampled),
         "n": n,
     }
+    not_applied = sum(r["reward_not_applied"] for r in greedy + sampled)
+    if not_applied:  # reward functions that said "does not apply" (None): counted, never scored 0
+        metrics["reward_not_applied"] = not_applied
     if sampled:
         metrics["sampled_accuracy"] = sum(r["correct"] for r in sampled) / len(sampled)
     for key in sorted({key for row in greedy for key in row if key.startswith("outcome_")}):
@@ -124,7 +126,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
         for env_id in stage.envs:
             began = time.monotonic()
             env_rows, metrics[checkpoint][env_id] = evaluate_policy(
-                LocalPolicy(model, tokenizer, stage.batch_size), tokenizer, make_env(env_id, ctx.envs[env_id]),
+                LocalPolicy(model, tokenizer, stage.batch_size), tokenizer, ctx.env(env_id),
                 stage, checkpoint)
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "

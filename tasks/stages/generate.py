@@ -17,7 +17,6 @@ from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
-from envs.loader import make_env
 from models.loading import context_length, load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
 from tasks.common.context import StageContext, StageOutput
@@ -89,7 +88,7 @@ def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector:
     rows = []
     for task, prompt, group in zip(tasks, prompt_ids, groups):
         for index, gen in enumerate(group):
-            score = env.rubric.score(gen.text, task)
+            score = env.rubric.score(gen.text, task, completion_ids=gen.token_ids)
             rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index,
                          "mode": "sampled" if index < stage.samples else "greedy", "prompt": task.prompt,
                          "answer": task.answer, "completion": gen.text, "tokens": gen.token_ids,
@@ -115,7 +114,7 @@ def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: D
             sampled[i * stage.samples:(i + 1) * stage.samples]
         for index, (mode, trajectory) in enumerate(zip(modes, group)):
             ids, mask = trajectory.completion()
-            score = env.rubric.score(trajectory.text, task, trajectory.outcome)
+            score = env.rubric.score(trajectory.text, task, trajectory.outcome, trajectory.completion()[0])
             rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index, "mode": mode,
                          "prompt": task.prompt, "answer": task.answer, "completion": trajectory.text,
                          "tokens": ids, "loss_mask": mask, "env_mask": [1 - m for m in mask],
@@ -132,7 +131,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
     model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
-    env = make_env(stage.env, ctx.envs[stage.env])
+    env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     if env.max_turns > 1:
         rows = episode_rows(env, tasks, model, tokenizer, stage, DoomLoopDetector())

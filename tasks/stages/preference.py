@@ -3,7 +3,8 @@
 From a rollouts dataset, per prompt: chosen = the best-scored completion, rejected = the
 worst (ties broken towards the shorter chosen and the longer rejected, so a looping greedy
 completion is the one rejected). Groups whose best and worst scores tie, and groups with
-fewer than two finite scores, are dropped and counted.
+fewer than two finite scores, are dropped and counted. A user's preference dataset (the dataset
+stage) gives its pairs as they are. Several datasets mix by weight, as in sft.
 
 The input checkpoint is the reference. Its log-probs of every pair are computed once,
 before the first step, and stored in the pairs dataset, which is committed next to the
@@ -26,8 +27,8 @@ from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
-from tasks.common.encoding import Example, collate, encode_ids
-from tasks.common.training import batch_indices, optimizer_step, start_training, total_steps
+from tasks.common.encoding import Example, collate, encode_ids, preference_examples
+from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
 from tasks.config import DatasetTrainStage, SpecView
 
 
@@ -54,12 +55,14 @@ class PreferenceStage(DatasetTrainStage):
     max_seq_len: int = Field(256, gt=8)
 
     def stage_refs(self):
-        return [("policy", self.policy, "checkpoint"), *self.data_refs("rollouts")]  # data: generate stages
+        # data: generate stages, or imported preference datasets
+        return [("policy", self.policy, "checkpoint"), *self.data_refs(("rollouts", "preference dataset"))]
 
     def check_spec(self, spec: SpecView) -> None:
-        """Every prompt group of its data must hold completions to pick a best and a worst from."""
+        """Every prompt group of its rollouts must hold completions to pick a best and a worst from."""
         for data in self.datasets():
-            spec.stage(data).check_pairable(spec, self.id)
+            if spec.stage(data).output_kind() == "rollouts":
+                spec.stage(data).check_pairable(spec, self.id)
 
 
 REFERENCE_BATCH = 64
@@ -102,9 +105,31 @@ def preference_pairs(rollouts: list[dict], min_reward_gap: float = 0.0) -> tuple
     return pairs, stats
 
 
+def given_pairs(data: str, rows: list[dict]) -> list[dict]:
+    """An imported preference dataset's rows as pairs (ids prefixed by the dataset's stage)."""
+    keep = ("prompt", "chosen", "rejected", "tools", "conversational")
+    return [{**{key: row[key] for key in keep if key in row}, "id": f"{data}/{row['id']}"} for row in rows]
+
+
+def dataset_pairs(data: str, rows: list[dict], min_reward_gap: float) -> tuple[list[dict], PairStats]:
+    """The pairs of one input: an imported preference dataset's, or those picked from rollouts."""
+    columns = set(rows[0]) if rows else set()
+    if "chosen" in columns:
+        return given_pairs(data, rows), PairStats(prompts=len(rows), pairs=len(rows))
+    if "prompt_id" not in columns:
+        raise ValueError(f"data {data!r} is neither rollouts nor a preference dataset "
+                         f"({', '.join(sorted(columns))}); sft takes SFT data")
+    return preference_pairs(rows, min_reward_gap)
+
+
 def encode_pairs(tokenizer, pairs: list[dict], max_len: int) -> tuple[list[Example], list[Example]]:
     chosen, rejected = [], []
     for pair in pairs:
+        if "chosen_tokens" not in pair:  # an imported pair: text or conversations, through the chat template
+            sides = preference_examples(tokenizer, pair, max_len)
+            chosen.append(sides[0])
+            rejected.append(sides[1])
+            continue
         prompt_ids = chat_prompt(tokenizer, pair["prompt"])
         multi_turn = "chosen_mask" in pair  # env-written tokens of multi-turn episodes are not scored
         chosen.append(encode_ids(prompt_ids, pair["chosen_tokens"], max_len,
@@ -159,8 +184,13 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source)
-    rollouts = [row for data in stage.datasets() for row in read_rows(ctx.fetch(data))]
-    pairs, stats = preference_pairs(rollouts, stage.min_reward_gap)
+    pairs, stats, sizes = [], PairStats(), []
+    for data in stage.datasets():
+        found, counted = dataset_pairs(data, read_rows(ctx.fetch(data)), stage.min_reward_gap)
+        pairs += found
+        sizes.append(len(found))
+        for name, value in vars(counted).items():
+            setattr(stats, name, getattr(stats, name) + value)
     ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored groups dropped)")
     if not pairs:  # retrying cannot fix data
@@ -186,7 +216,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
     training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)
     for step in range(training.start, training.steps):
-        batch = training.shard(batch_indices(len(pairs), stage.batch_size, stage.seed, step))
+        batch = training.shard(mixed_batch_indices(sizes, stage.weights(), stage.batch_size, stage.seed, step))
         metrics, tokens = train_step(training.model, [chosen[i] for i in batch], [rejected[i] for i in batch],
                                      ref_chosen[batch], ref_rejected[batch], stage, tokenizer.pad_token_id,
                                      training.accelerator, training.optimizer, training.scheduler)

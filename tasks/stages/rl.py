@@ -20,7 +20,6 @@ from pydantic import Field, model_validator
 
 from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
-from envs.loader import make_env
 from models.loading import load_model, load_tokenizer, set_threads
 from models.rl_losses import grpo_loss, kl_k3
 from models.sampling import SamplingParams
@@ -135,7 +134,7 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
     """Step rewards of an episode: the env's per-step rewards, and on the last step the env
     rubric's score of the transcript plus the stage's shaping of the actions."""
     text, task, actions = trajectory.text, trajectory.task, "".join(trajectory.actions)
-    score = rubric.score(text, task, trajectory.outcome)
+    score = rubric.score(text, task, trajectory.outcome, trajectory.completion()[0])
     shaping = anti_doom_rubric(stage).score(actions, task, trajectory.outcome).total
     valid = trace_is_valid(actions, trajectory.truncated)
     total = score.total
@@ -291,7 +290,7 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source)
-    envs = {env_id: make_env(env_id, ctx.envs[env_id]) for env_id in stage.envs}
+    envs = {env_id: ctx.env(env_id) for env_id in stage.envs}
     for env_id, env in envs.items():
         if env.restarts_context and stage.algorithm != "steppo":  # a grpo row is one growing context
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")

@@ -1,4 +1,8 @@
-"""`sft`: supervised fine-tuning with a completion-only loss, on accelerate, resumable."""
+"""`sft`: supervised fine-tuning with a completion-only loss, on accelerate, resumable.
+
+Its data: synthesized traces, or a user's text, prompt-completion or conversational datasets
+(the dataset stage), mixed by weight (`data: {chats: 0.7, tools: 0.3}`; a list: equal weights).
+A conversation trains on its assistant turns only, masks taken from the model's chat template."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from models.losses import completion_nll
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
-from tasks.common.training import batch_indices, optimizer_step, start_training, total_steps
+from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
 from tasks.config import DatasetTrainStage
 
 
@@ -42,6 +46,18 @@ def train_step(model, batch: list[Example], pad_id: int, accelerator, optimizer,
     return loss.item(), int(mask.sum())
 
 
+def sft_rows(data: str, rows: list[dict]) -> list[dict]:
+    """The rows of input `data`, refused (one line) when they are not SFT data."""
+    columns = set(rows[0]) if rows else set()
+    if "chosen" in columns:
+        raise ValueError(f"data {data!r} is a preference dataset; sft trains on text, prompt_completion or "
+                         "messages data (a preference stage takes it)")
+    if not columns & {"completion", "messages", "text", "token_ids"}:
+        raise ValueError(f"data {data!r} holds prompts without answers ({', '.join(sorted(columns))}); sft trains "
+                         "on text, prompt_completion or messages data")
+    return rows
+
+
 def start_checkpoint(stage: SftStage, ctx: StageContext) -> str:
     """The folder training starts from: the input policy's checkpoint or the base model."""
     return str(ctx.fetch(stage.policy)) if stage.policy else resolve_base(ctx.model.base)
@@ -51,11 +67,13 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = start_checkpoint(stage, ctx)
     tokenizer = load_tokenizer(source)
-    rows = [row for data in stage.datasets() for row in read_rows(ctx.fetch(data))]
-    examples = [encode_row(tokenizer, row, stage.max_seq_len) for row in rows]
+    datasets = [sft_rows(data, read_rows(ctx.fetch(data))) for data in stage.datasets()]
+    examples = [encode_row(tokenizer, row, stage.max_seq_len) for rows in datasets for row in rows]
+    sizes, weights = [len(rows) for rows in datasets], stage.weights()
     training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
-        batch = [examples[i] for i in training.shard(batch_indices(len(examples), stage.batch_size, stage.seed, step))]
+        picked = mixed_batch_indices(sizes, weights, stage.batch_size, stage.seed, step)
+        batch = [examples[i] for i in training.shard(picked)]
         loss, tokens = train_step(training.model, batch, tokenizer.pad_token_id, training.accelerator,
                                   training.optimizer, training.scheduler)
         training.record(step, tokens, loss=loss)

@@ -19,7 +19,6 @@ from pydantic_core import PydanticCustomError
 
 from data_contracts.config import ContractParams
 from envs.base import Task
-from envs.loader import make_env
 from models.loading import context_length, load_tokenizer, resolve_base
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
@@ -145,7 +144,7 @@ def teacher_name(teacher: Teacher) -> str:
 
 
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
-    env = make_env(stage.env, ctx.envs[stage.env])
+    env = ctx.env(stage.env)
     tasks = env.tasks("train", stage.n, stage.seed)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base)

@@ -1,0 +1,97 @@
+"""A user's data and reward functions, wrong: one line naming the field and the file or column, exit 2,
+nothing written to the store (`validate` and `run` alike)."""
+
+import json
+
+import pytest
+import yaml
+from test_spec_errors import run_cli
+
+from envs.base import RewardShapeError, Task
+from envs.dataset import DatasetEnv, DatasetEnvConfig
+
+PAIRS = [{"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"}]
+CHATS = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+QA = [{"question": "What is 2+2?", "response": "4"}]
+
+
+def spec(*stages, envs=None) -> dict:
+    return {"name": "t", "store": "file://STORE", "envs": envs or {"arith": {"kind": "arith"}}, "stages": list(stages)}
+
+
+def imported(stage_id, source, **options) -> dict:
+    return {"id": stage_id, "kind": "dataset", "source": source, **options}
+
+
+SFT = {"id": "sft", "kind": "sft", "max_steps": 2}
+QA_ENV = {"kind": "dataset", "source": "qa.jsonl", "columns": {"prompt": "question", "answer": "response"}}
+CASES = {
+    "missing source": (spec(imported("chats", "data/nope.jsonl")), "stages[0].source: data/nope.jsonl: not found"),
+    "unreadable source": (spec(imported("chats", "broken.json")),
+                          "stages[0].source: broken.json: broken.json is not JSON or JSON Lines"),
+    "columns fit no format": (
+        spec(imported("chats", "qa.jsonl")),
+        "stages[0].source: qa.jsonl: columns question, response fit no format (text needs text; prompt_completion "
+        "needs prompt and completion; messages needs messages; preference needs chosen and rejected; prompts "
+        "needs prompt)"),
+    "columns names a missing column": (
+        spec(imported("chats", "qa.jsonl", columns={"prompt": "query"})),
+        "stages[0].columns.prompt: column 'query' is not in qa.jsonl (found: question, response)"),
+    "format whose columns are missing": (
+        spec(imported("chats", "chats.jsonl", format="preference")),
+        "stages[0].format: preference needs columns chosen, rejected; chats.jsonl has messages"),
+    "preference data given to sft": (
+        spec(imported("prefs", "prefs.jsonl"), {**SFT, "data": "prefs"}),
+        "stages[1].data: stage 'prefs' produces a preference dataset, a dataset is expected here"),
+    "sft data given to preference": (
+        spec(imported("chats", "chats.jsonl"), {**SFT, "data": "chats"},
+             {"id": "align", "kind": "preference", "policy": "sft", "data": {"chats": 1.0}}),
+        "stages[2].data.chats: stage 'chats' produces a dataset, a rollouts or a preference dataset is expected here"),
+    "hub id not in the local cache offline": (
+        spec(imported("chats", "someorg/some-dataset")),
+        "stages[0].source: someorg/some-dataset: hub dataset not in the local cache, and HF_HUB_OFFLINE is set"),
+    "reward function does not import": (
+        spec(imported("chats", "chats.jsonl"),
+             envs={"qa": {**QA_ENV, "rewards": [{"function": "nowhere_at_all:score"}]}}),
+        "envs.qa.rewards[0].function: nowhere_at_all:score: cannot import nowhere_at_all (ModuleNotFoundError: "
+        "No module named 'nowhere_at_all')"),
+    "reward function not callable": (
+        spec(imported("chats", "chats.jsonl"),
+             envs={"qa": {**QA_ENV, "rewards": [{"function": "posttrain.rewards:LENGTH_SCALE"}]}}),
+        "envs.qa.rewards[0].function: posttrain.rewards:LENGTH_SCALE: envs.rewards has no function LENGTH_SCALE"),
+    "env source columns name a missing column": (
+        spec(imported("chats", "chats.jsonl"),
+             envs={"qa": {**QA_ENV, "columns": {"prompt": "query"}, "rewards": [{"function": "posttrain.rewards:exact_match"}]}}),
+        "envs.qa.columns.prompt: column 'query' is not in qa.jsonl (found: question, response)"),
+}
+
+
+def write_files(folder) -> None:
+    for name, rows in (("prefs.jsonl", PAIRS), ("chats.jsonl", CHATS), ("qa.jsonl", QA)):
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "broken.json").write_text("[{not json")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_data_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys):
+    document, message = CASES[case]
+    write_files(tmp_path)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(document).replace("STORE", str(tmp_path / "store")))
+    for command in ("validate", "run"):
+        code, err = run_cli(capsys, command, str(path))
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_reward_function_returning_the_wrong_number_of_values_names_itself(tmp_path, monkeypatch):
+    (tmp_path / "bad_rewards.py").write_text("def twice(prompts, completions, completion_ids, **kw):\n"
+                                             "    return [1.0, 1.0]\n")
+    monkeypatch.chdir(tmp_path)
+    env = DatasetEnv(DatasetEnvConfig(kind="dataset", data="qa", rewards=[{"function": "bad_rewards:twice"}]), "qa")
+    env.use_rows([{"id": "row-0", "prompt": "What is 2+2?", "answer": "4"}])
+    task = env.all_tasks()[0]
+    assert isinstance(task, Task)
+    with pytest.raises(RewardShapeError, match=r"^reward function bad_rewards:twice returned 2 values for 1 completion$"):
+        env.rubric.score("4", task)
