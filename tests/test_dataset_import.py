@@ -78,13 +78,15 @@ def test_a_folder_of_files_and_a_saved_dataset_dict(tmp_path):
 def test_an_s3_url_on_moto(tmp_path, s3_endpoint):
     import boto3
 
-    body = "".join(json.dumps(row) + "\n" for row in ROWS["messages"]).encode()
-    boto3.client("s3", endpoint_url=s3_endpoint).put_object(Bucket="posttrain-test", Key="user/chats.jsonl", Body=body)
-    source = locate("s3://posttrain-test/user/chats.jsonl", tmp_path)
-    assert source.kind == "url"
-    files = source_files(source, {"client_kwargs": {"endpoint_url": s3_endpoint}})
-    assert formats.detect(columns_of(files, None, source.written)) == "messages"
-    assert [formats.plain(r) for r in rows_of(files, None, source.written)] == ROWS["messages"]
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    for name, rows in ROWS.items():
+        body = "".join(json.dumps(row) + "\n" for row in rows).encode()
+        client.put_object(Bucket="posttrain-test", Key=f"user/{name}.jsonl", Body=body)
+        source = locate(f"s3://posttrain-test/user/{name}.jsonl", tmp_path)
+        assert source.kind == "url"
+        files = source_files(source, {"client_kwargs": {"endpoint_url": s3_endpoint}})
+        assert formats.detect(columns_of(files, None, source.written)) == name
+        assert [formats.plain(r) for r in rows_of(files, None, source.written)] == rows
 
 
 def test_sources_are_kept_in_the_store_by_content_and_checked_on_read(tmp_path):

@@ -45,6 +45,15 @@ def test_bad_rows_stop_the_stage_and_are_quarantined_with_their_row_numbers(tmp_
     assert (tmp_path / "store" / "quarantine" / "r" / "chats" / "contract.json").exists()
 
 
+def test_an_imported_dataset_loads_with_datasets(tmp_path):
+    from datasets import load_dataset
+
+    _, _, output = imported(tmp_path, [GOOD] * 3)
+    loaded = load_dataset("parquet", data_files=str(output.local_dir / "data.parquet"), split="train",
+                          cache_dir=str(tmp_path / "hf"))
+    assert len(loaded) == 3 and json.loads(loaded[0]["messages"]) == GOOD["messages"]
+
+
 def test_drop_removes_bad_rows_within_the_cap_and_counts_them(tmp_path):
     ctx, _, output = imported(tmp_path, [GOOD] * 9 + [BAD], on_bad_rows="drop", max_bad_fraction=0.1)
     assert output.metrics["dropped_rows"] == 1 and output.metrics["dropped"] == ["row-9"]
