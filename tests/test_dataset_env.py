@@ -90,3 +90,28 @@ def test_trls_own_reward_functions_work_unchanged():
     assert env.rubric.score("<think>\n2 and 2 make 4\n</think>\nThe answer is 4.", task).rewards == \
         {"think_format_reward": 1.0}
     assert env.rubric.score("The answer is 4.", task).rewards == {"think_format_reward": 0.0}
+
+
+def test_an_endpoint_evaluation_reads_the_envs_rows_from_the_store(tmp_path):
+    import pandas as pd
+    import pytest
+
+    from artifacts.store import Store
+    from envs.loader import make_env
+    from flows.cli.eval import with_rows
+    from flows.evaluate import EvaluationInputError
+    from flows.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "store": f"file://{tmp_path / 'store'}",
+                       "envs": {"qa": {"kind": "dataset", "data": "qa-rows",
+                                       "rewards": [{"function": "posttrain.rewards:exact_match"}]}},
+                       "stages": [{"id": "qa-rows", "kind": "dataset", "source": "rows.jsonl", "format": "prompts"}]},
+                      read_sources=False)
+    with pytest.raises(EvaluationInputError, match="^env: qa reads its rows from stage 'qa-rows', which has no "
+                                                   "committed dataset: no alias t/qa-rows@latest"):
+        with_rows(spec, "qa", make_env("qa", spec.envs["qa"]))
+    (tmp_path / "rows").mkdir()
+    pd.DataFrame(stored_rows(20)).to_parquet(tmp_path / "rows" / "data.parquet")
+    Store(f"file://{tmp_path / 'store'}").commit("t/qa-rows", "dataset", tmp_path / "rows", producer={})
+    env = with_rows(spec, "qa", make_env("qa", spec.envs["qa"]))
+    assert len(env.all_tasks()) == 20 and env.rows["train"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from artifacts.store import Store
-from flows.evaluate import evaluate, evaluation_stage, plan_evaluation, with_envs
+from flows.evaluate import env_data_inputs, evaluate, evaluation_stage, plan_evaluation, with_envs
 from flows.stage_requests import state_error
 
 
@@ -37,13 +37,27 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
 
     spec, env_ids = with_envs(spec, envs)
     stage = evaluation_stage(spec, env_ids, model, n, max_new_tokens)
+    envs_ready = {env_id: with_rows(spec, env_id, make_env(env_id, spec.envs[env_id])) for env_id in env_ids}
     tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
     policy = EndpointPolicy(endpoint, model, tokenizer)
     print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)
-    metrics = {env_id: evaluate_policy(policy, tokenizer, make_env(env_id, spec.envs[env_id]), stage, model)[1]
-               for env_id in env_ids}
+    metrics = {env_id: evaluate_policy(policy, tokenizer, env, stage, model)[1] for env_id, env in envs_ready.items()}
     print_metrics(metrics)
     return 0
+
+
+def with_rows(spec, env_id: str, env):
+    """A dataset env with the rows of the latest committed versions of its dataset stages in the
+    spec's store (EvaluationInputError when there are none)."""
+    from tasks.common.datasets import read_rows
+
+    if not getattr(env, "reads_data", False):
+        return env
+    store = spec.store_location().open()
+    refs = env_data_inputs(spec, [env_id], store, {"inputs": {}})
+    rows = [read_rows(store.fetch(refs[data_id])) for data_id in env.data_stages()]
+    env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)
+    return env
 
 
 def print_metrics(metrics: dict[str, dict]) -> None:
