@@ -179,13 +179,23 @@ class DatasetEnv:
         return f"The answer is {task.answer}."
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        first = self.rubric.funcs[0]
-        value = first.fn(completion, task, outcome)
-        return value is not None and math.isfinite(value) and value >= 1.0
+        return _full_marks(self.rubric.funcs[0], completion, task, outcome) is True
 
     def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        checks = [f.fn(completion, task, outcome) for f in self.rubric.funcs if f.name.endswith("format")]
-        return all(value is None or value >= 1.0 for value in checks)
+        checks = [_full_marks(f, completion, task, outcome) for f in self.rubric.funcs if f.name.endswith("format")]
+        return all(check is not False for check in checks)
+
+
+def _full_marks(func: RewardFunc, completion: str, task: Task, outcome: Outcome) -> bool | None:
+    """Whether `func` gives the completion 1 or more; None when it does not apply. A function that
+    raises gives no marks (the rubric's score reports its error)."""
+    try:
+        value = func.fn(completion, task, outcome)
+    except RewardShapeError:
+        raise
+    except Exception:  # the user's function: its error is the rubric's to report
+        return False
+    return None if value is None else math.isfinite(value) and value >= 1.0
 
 
 def _cell(value):
