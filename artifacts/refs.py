@@ -35,6 +35,21 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name))
 
 
+RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"  # one path component: never `..`, never a slash
+
+
+def valid_run_id(run_id: str) -> bool:
+    return bool(re.fullmatch(RUN_ID, run_id))
+
+
+def inside(relative: str) -> bool:
+    """Whether a path read from the store (a manifest entry, a listing) stays inside its folder:
+    relative, POSIX, no `..`, no empty or `.` parts, no backslash or NUL."""
+    parts = relative.split("/")
+    return bool(relative) and not relative.startswith("/") and "\\" not in relative and "\0" not in relative \
+        and all(part not in ("", ".", "..") for part in parts)
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -17,13 +17,14 @@ import json
 import os
 import posixpath
 import tempfile
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import fsspec
 from pydantic import BaseModel, ConfigDict
 
-from artifacts.refs import BadRef, Ref, content_version, sha256_bytes, valid_name
+from artifacts.refs import BadRef, Ref, content_version, inside, sha256_bytes, valid_name
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
@@ -165,20 +166,26 @@ class Store:
         except ValueError:  # an fsspec backend without exclusive create
             self.fs.pipe_file(path, data)
 
-    def put_dir(self, local_dir: Path, remote_dir: str) -> None:
+    def put_dir(self, local_dir: Path, remote_dir: str, sizes: bool = False) -> None:
+        """Upload a folder's files. On a local disk each is written under a temporary name, flushed to
+        disk and renamed into place, so a second writer of the same version never truncates a file
+        a reader may already see; `sizes`: on an object store, each upload's size is checked."""
         for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
             target = posixpath.join(remote_dir, file.relative_to(local_dir).as_posix())
             if self.local:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(file, "rb") as src, open(target, "wb") as dst:
-                    dst.write(src.read())
-            else:
-                self.fs.put_file(str(file), target)
+                os.replace(_local_temp_copy(target, file.read_bytes(), sync=True), target)
+                continue
+            self.fs.put_file(str(file), target)
+            if sizes and self.fs.info(target)["size"] != file.stat().st_size:
+                raise StoreError(f"{self.display(target)}: uploaded {self.fs.info(target)['size']} bytes of "
+                                 f"{file.stat().st_size}")
 
     def get_dir(self, remote_dir: str, local_dir: Path) -> Path:
         local_dir = Path(local_dir)
         for path in self.fs.find(remote_dir):
             rel = posixpath.relpath(path, remote_dir)
+            if not inside(rel):
+                raise StoreError(f"{self.display(remote_dir)}: listed path {rel!r} leaves the folder")
             (local_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(path, str(local_dir / rel))
         return local_dir
@@ -210,8 +217,9 @@ class Store:
         ref = Ref(name, content_version(hashes))
         manifest_path = self.version_path(ref, MANIFEST)
         if self.exists(manifest_path):
+            self._point_latest(ref)  # a retried commit that died before its alias
             return ref
-        self.put_dir(local_dir, self.version_path(ref))
+        self.put_dir(local_dir, self.version_path(ref), sizes=True)
         manifest = {
             "ref": str(ref), "name": name, "version": ref.version, "kind": kind,
             "files": [{"path": rel, "sha256": hashes[rel], "size": (local_dir / rel).stat().st_size}
@@ -222,9 +230,12 @@ class Store:
         try:
             self.create_only(manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
         except AlreadyExists:
-            return ref  # a concurrent writer committed the same content
-        self.write_bytes(self.path("refs", name, "latest"), ref.version.encode())
+            pass  # a concurrent writer committed the same content
+        self._point_latest(ref)
         return ref
+
+    def _point_latest(self, ref: Ref) -> None:
+        self.write_bytes(self.path("refs", ref.name, "latest"), ref.version.encode())
 
     def manifest(self, ref: Ref | str) -> dict:
         ref = Ref.parse(ref) if isinstance(ref, str) else ref
@@ -260,16 +271,30 @@ class Store:
             return Path(self.version_path(ref))
         local_dir = Path(local_dir or tempfile.mkdtemp(prefix="posttrain-"))
         for entry in manifest["files"]:
+            if not inside(entry["path"]):
+                raise StoreError(f"{ref}: manifest file path {entry['path']!r} leaves the artifact's folder")
             target = local_dir / entry["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(self.version_path(ref, entry["path"]), str(target))
         return local_dir
 
     def verify(self, ref: Ref | str) -> list[str]:
-        """Re-hash every file of a version; returns the problems found (empty = intact)."""
+        """Re-hash every file of a version, check that the manifest's hashes give the ref's version,
+        and report files the manifest does not list (an extra adapter_config.json changes what
+        loads); returns the problems found (empty = intact)."""
         ref = Ref.parse(ref) if isinstance(ref, str) else ref
+        manifest = self.manifest(ref)
+        listed = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
         problems = []
-        for entry in self.manifest(ref)["files"]:
+        if content_version(listed) != ref.version:
+            problems.append(f"the manifest's files hash to version {content_version(listed)}, not {ref.version}")
+        folder = self.version_path(ref)
+        present = {posixpath.relpath(path, folder) for path in self.fs.find(folder)}
+        problems += [f"{extra}: not in the manifest" for extra in sorted(present - set(listed) - {MANIFEST})]
+        for entry in manifest["files"]:
+            if not inside(entry["path"]):
+                problems.append(f"{entry['path']!r}: leaves the artifact's folder")
+                continue
             path = self.version_path(ref, entry["path"])
             if not self.exists(path):
                 problems.append(f"{entry['path']}: missing")
@@ -327,12 +352,16 @@ def _check_local_writable(root: str) -> None:
         raise StoreError(f"{root} is not a writable folder")
 
 
-def _local_temp_copy(path: str, data: bytes) -> str:
-    """Write `data` next to `path` under a temporary name (to be renamed or linked into place)."""
+def _local_temp_copy(path: str, data: bytes, sync: bool = False) -> str:
+    """Write `data` next to `path` under a temporary name (to be renamed or linked into place);
+    `sync`: flushed to disk first (an artifact's data files, before its manifest)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     with open(tmp, "wb") as handle:
         handle.write(data)
+        if sync:
+            handle.flush()
+            os.fsync(handle.fileno())
     return tmp
 
 

@@ -3,7 +3,9 @@ and handed whole to the Prefect task, a worker's flow run and the stage's child 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from artifacts.refs import RUN_ID
 
 from artifacts.store import StoreLocation
 from envs.loader import EnvConfig
@@ -35,9 +37,9 @@ class StageRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stage: StageConfig
-    pipeline: str
-    run_id: str
-    cache_key: str
+    pipeline: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    run_id: str = Field(pattern=RUN_ID)  # a path component of the store (runs/, quarantine/)
+    cache_key: str = Field(pattern=r"^[0-9a-f]{32}$")  # a path component too (cache/, scratch/)
     model: ModelConfig
     envs: dict[str, EnvConfig]  # only the envs the stage names
     inputs: dict[str, str]  # input stage id -> ref

@@ -72,11 +72,14 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from artifacts.refs import valid_run_id
     from flows.cli.report import print_run_list, print_run_status
     from flows.leaderboard import evaluations
 
     store = open_store(args.store)
     if args.run_id:
+        if not valid_run_id(args.run_id):
+            raise UserError(f"run_id: {args.run_id!r} is not a run id (letters, digits, '.', '_', '-')")
         path = store.path("runs", f"{args.run_id}.json")
         if not store.exists(path):
             raise UserError(f"run_id: no run {args.run_id!r} in {store.uri}")

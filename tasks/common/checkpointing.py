@@ -1,7 +1,10 @@
 """In-stage checkpoints of training stages, kept in the store so any worker can resume.
 
 Layout: scratch/<stage cache key>/step-<n>/{model/, state.pt, DONE}; DONE is written last,
-so a step folder without it is ignored (the stage was killed while saving).
+so a step folder without it is ignored (the stage was killed while saving). The last two steps
+are kept: a step that fails to load (truncated, or not plain tensors and values) is skipped with a
+warning for the one before. The trainer state is tensors and plain values only, loaded with
+`torch.load(weights_only=True)`: whoever can write the store's scratch/ cannot run code through it.
 """
 
 from __future__ import annotations
@@ -25,23 +28,32 @@ class Resumed:
     state: dict  # optimizer, scheduler, rng, history, promoted
 
 
+KEEP = 2  # in-stage steps kept, so one that fails to load leaves the one before it
+
+
 def rng_state() -> dict:
+    """The RNG states as tensors and plain values (what `torch.load(weights_only=True)` accepts)."""
     import numpy as np
     import torch
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(position),
+                                                   int(has_gauss), float(gauss)],
+            "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict) -> None:
     import numpy as np
     import torch
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
 
 
-def save(ctx: StageContext, step: int, model, state: dict, keep: int = 1) -> None:
+def save(ctx: StageContext, step: int, model, state: dict, keep: int = KEEP) -> None:
     """Write step-<step> (model weights + trainer state) and drop older steps beyond `keep`."""
     import torch
 
@@ -86,16 +98,22 @@ def _completed_steps(ctx: StageContext) -> list[int]:
 
 
 def latest(ctx: StageContext) -> Resumed | None:
-    """The newest complete in-stage checkpoint of this stage, fetched locally, if any."""
+    """The newest in-stage checkpoint of this stage that loads, fetched locally; None if none does."""
+    for step in reversed(_completed_steps(ctx)):
+        local = ctx.store.get_dir(f"{ctx.scratch}/step-{step}", ctx.workdir / "resume" / f"step-{step}")
+        try:
+            return Resumed(step, local / "model", load_state(local / "state.pt"))
+        except Exception as exc:  # truncated, tampered with, or from an older format: try the step before
+            ctx.log(f"WARNING: in-stage checkpoint at step {step} does not load ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trying the one before")
+    return None
+
+
+def load_state(path: Path) -> dict:
+    """A trainer state: tensors and plain values only (no pickled objects, so no code runs)."""
     import torch
 
-    steps = _completed_steps(ctx)
-    if not steps:
-        return None
-    step = steps[-1]
-    local = ctx.store.get_dir(f"{ctx.scratch}/step-{step}", ctx.workdir / "resume" / f"step-{step}")
-    state = torch.load(local / "state.pt", weights_only=False)
-    return Resumed(step, local / "model", state)
+    return torch.load(path, weights_only=True)
 
 
 def clear(ctx: StageContext) -> None:
