@@ -29,8 +29,18 @@ from artifacts.refs import BadRef, Ref, content_version, inside, sha256_bytes, v
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
 ARTIFACT_KINDS = ("dataset", "checkpoint", "report")
-_CREDENTIAL_KEYS = {"key", "secret", "token", "password", "aws_access_key_id",
-                    "aws_secret_access_key", "aws_session_token", "access_key", "secret_key"}
+# storage options that may travel in specs, events and Prefect parameters: known non-secret ones
+# only (deny by default); a value True allows any plain value, a dict lists the allowed sub-keys
+NON_SECRET_OPTIONS = {
+    "endpoint_url": True, "region_name": True, "anon": True, "use_ssl": True, "requester_pays": True,
+    "version_aware": True, "default_block_size": True, "default_fill_cache": True, "default_cache_type": True,
+    "cache_regions": True, "max_concurrency": True, "fixed_upload_size": True, "listings_expiry_time": True,
+    "use_listings_cache": True, "skip_instance_cache": True, "account_name": True, "project": True,
+    "client_kwargs": {"endpoint_url": True, "region_name": True, "verify": True, "use_ssl": True},
+    "config_kwargs": {"signature_version": True, "connect_timeout": True, "read_timeout": True,
+                      "max_pool_connections": True, "s3": {"addressing_style": True},
+                      "retries": {"max_attempts": True, "mode": True}},
+}
 
 
 class StoreError(Exception):
@@ -41,14 +51,16 @@ class AlreadyExists(StoreError):
     pass
 
 
-def credential_keys(storage_options: dict) -> list[str]:
-    """Names of options that would carry credentials (these belong in the env/AWS chain)."""
+def credential_keys(storage_options: dict, allowed: dict = NON_SECRET_OPTIONS) -> list[str]:
+    """Dotted names of the options not on the non-secret allow-list (keys, tokens, SAS tokens,
+    connection strings, headers: they belong in the environment or the cloud's credential chain)."""
     found = []
     for key, value in storage_options.items():
-        if key.lower() in _CREDENTIAL_KEYS:
+        rule = allowed.get(key)
+        if rule is None or (isinstance(value, dict) and not isinstance(rule, dict)):
             found.append(key)
-        elif isinstance(value, dict):
-            found += [f"{key}.{k}" for k in credential_keys(value)]
+        elif isinstance(rule, dict):
+            found += [f"{key}.{k}" for k in credential_keys(value, rule)] if isinstance(value, dict) else [key]
     return found
 
 

@@ -177,7 +177,8 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
     _check_graph(spec)
     if credential_keys(spec.storage_options):
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
-                        "from the environment or the AWS credential chain, not the spec")
+                        "from the environment or the AWS credential chain, not the spec (only known non-secret "
+                        "options are accepted here)")
     return spec
 
 

@@ -82,3 +82,21 @@ def test_a_retried_commit_points_latest_at_its_version(tmp_path):
     assert store.commit("p/data", "dataset", tmp_path / "files", producer={}) == ref
     assert store.latest("p/data") == ref
     assert not list((tmp_path / "store").rglob("*.tmp-*"))  # data files went in under temporary names
+
+
+def test_secrets_in_storage_options_are_refused_by_default(tmp_path, capsys):
+    from artifacts.store import credential_keys
+
+    secrets = {"account_key": "k", "sas_token": "t", "client_secret": "s", "session_token": "t",
+               "connection_string": "c", "headers": {"Authorization": "Bearer x"},
+               "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "aws_session_token": "t"}}
+    assert credential_keys(secrets) == ["account_key", "sas_token", "client_secret", "session_token",
+                                        "connection_string", "headers", "client_kwargs.aws_session_token"]
+    assert credential_keys({"endpoint_url": "http://x", "client_kwargs": {"region_name": "eu"},
+                            "config_kwargs": {"s3": {"addressing_style": "path"}}}) == []
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: t\nstore: s3://b/p\nstorage_options: {headers: {Authorization: Bearer x}}\n"
+                    "envs: {arith: {kind: arith}}\nstages: [{id: w, kind: synthesize, env: arith, n: 2}]\n")
+    assert main(["validate", str(spec)]) == 2
+    assert capsys.readouterr().err.startswith("error: storage_options.headers: credentials must come from the "
+                                              "environment or the AWS credential chain, not the spec")
