@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from artifacts.store import Store
 from flows.evaluate import env_data_inputs, evaluate, evaluation_stage, plan_evaluation, with_envs
 from flows.stage_requests import state_error
@@ -26,20 +28,23 @@ def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_
 
 
 def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_tokens: int | None, endpoint: str,
-                      model: str) -> int:
+                      model: str, api_key_env: str | None = None) -> int:
     """Evaluate a model behind an OpenAI-compatible endpoint (serve-model, vLLM, an API) on the envs
     of `spec`, exactly as a checkpoint is evaluated (same tasks, greedy, same metrics); prints them.
     Nothing is committed: the store holds checkpoints' evaluations, and this model is not one."""
     from envs.loader import make_env
     from models.loading import load_tokenizer, resolve_base
-    from tasks.common.endpoint_policy import EndpointPolicy
+    from tasks.common.endpoint_policy import EndpointConfigError, EndpointPolicy
     from tasks.stages.evaluate import evaluate_policy
 
     spec, env_ids = with_envs(spec, envs)
     stage = evaluation_stage(spec, env_ids, model, n, max_new_tokens)
     envs_ready = {env_id: with_rows(spec, env_id, make_env(env_id, spec.envs[env_id])) for env_id in env_ids}
     tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
-    policy = EndpointPolicy(endpoint, model, tokenizer)
+    api_key = os.environ.get(api_key_env, "") if api_key_env else None
+    if api_key_env and not api_key:
+        raise EndpointConfigError(f"--api-key-env: environment variable {api_key_env} is not set")
+    policy = EndpointPolicy(endpoint, model, tokenizer, api_key=api_key)
     print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)
     metrics = {env_id: evaluate_policy(policy, tokenizer, env, stage, model)[1] for env_id, env in envs_ready.items()}
     print_metrics(metrics)

@@ -42,7 +42,8 @@ def _eval_endpoint(args) -> int:
         raise UserError(f"--endpoint: also name --model (what {args.endpoint} serves) and --spec (the envs)")
     spec, _ = open_spec(args.spec)
     try:
-        return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model)
+        return run_endpoint_eval(spec, args.env, args.n, args.max_new_tokens, args.endpoint, args.model,
+                                 args.api_key_env)
     except (EvaluationInputError, EndpointError, EndpointConfigError) as exc:
         raise UserError(first_line(exc)) from None
 
@@ -76,6 +77,7 @@ def add_serving_commands(commands) -> None:
     evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version or name@latest")
     evaluation.add_argument("--endpoint", help="instead: an OpenAI-compatible base URL (…/v1)")
     evaluation.add_argument("--model", help="with --endpoint: the model name it serves")
+    evaluation.add_argument("--api-key-env", help="with --endpoint: the environment variable holding its API key")
     evaluation.add_argument("--spec", help="with --endpoint: the spec whose envs and evaluation settings to use")
     evaluation.add_argument("--env", action="append", help="env id of the checkpoint's spec, or an env kind "
                             "(repeatable; default: the spec's evaluation.envs)")

@@ -36,8 +36,9 @@ class EndpointPolicy:
         self.base_url, self.model, self.tokenizer = base_url, model, tokenizer
         self.extensions = extensions  # vLLM's request extensions (a plain OpenAI API refuses them)
         self.max_workers = max_workers
-        self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
-                             max_retries=1)
+        # a key goes only to the endpoint whose config names its variable (`api_key_env`): never
+        # OPENAI_API_KEY by default, which would hand it to whatever URL a spec or event gives
+        self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=1)
 
     @classmethod
     def of(cls, config, tokenizer, field: str) -> "EndpointPolicy":
