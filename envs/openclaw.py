@@ -23,6 +23,7 @@ from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, 
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
+from envs.task_files import files_below, regular_file
 
 DATA = Path(__file__).parent / "data" / "openclaw"
 TOOLS_HELP = ('Tools, one per turn: <tool>{"name":"exec","command":"ls"}</tool>; also read {path}, '
@@ -88,8 +89,7 @@ def load_skill(folder: Path) -> Skill:
         raise ValueError(f"{source}: front matter needs exactly a non-empty `name` and `description`")
     if fields["name"] != folder.name:
         raise ValueError(f"{source}: name {fields['name']!r} is not the folder's name {folder.name!r}")
-    files = {f"skills/{folder.name}/{path.relative_to(folder).as_posix()}": read_text(path)
-             for path in sorted(folder.rglob("*")) if path.is_file()}
+    files = {f"skills/{folder.name}/{relative}": read_text(path) for relative, path in files_below(folder).items()}
     return Skill(fields["name"], fields["description"], files)
 
 
@@ -115,7 +115,7 @@ def workspace_files(entries: object, files: Path, source: Path) -> dict[str, str
         try:
             if isinstance(entry, str):
                 path = workspace_path(entry)
-                if not (files / path).is_file():
+                if not regular_file(files / path, files).is_file():
                     raise ValueError(f"workspace file {entry!r} is not in {files}")
                 workspace[path] = read_text(files / path)
             elif isinstance(entry, dict) and set(entry) == {"path", "content"} and all(

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits
+from envs.task_files import files_below
 
 DATA = Path(__file__).with_name("data") / "terminal"
 REMINDER = "\nRun one shell command per turn as <bash>COMMAND</bash>; write <done/> when finished."
@@ -118,8 +119,9 @@ def solution_commands(path: Path) -> list[str]:
 
 
 def load_task(folder: Path) -> Task:
+    files = files_below(folder)  # refuses a symlink anywhere in the task folder, naming it
     for name in REQUIRED:
-        if not (folder / name).is_file():
+        if name not in files:
             raise ValueError(f"{_shown(folder / name)}: missing (a task folder holds {', '.join(REQUIRED)})")
     config = read_task_toml(folder / "task.toml")
     instruction = _read(folder / "instruction.md").strip()
@@ -146,11 +148,6 @@ def load_tasks(folder: Path) -> list[Task]:
     return [load_task(path) for path in subfolders]
 
 
-def _files_under(folder: Path) -> dict[str, Path]:
-    """Files below `folder` by their path relative to it (none when the folder is absent)."""
-    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
-
-
 def _observation(result: Result) -> str:
     # a literal closing tag in the output would end the observation early for whoever parses the transcript
     output = result.output.replace("\x00", "").replace("</output>", "<\\/output>")
@@ -163,7 +160,7 @@ class TerminalEpisode:
     def __init__(self, task: Task, limits: SandboxLimits):
         self.folder = Path(task.info["path"])
         self.verifier_seconds = min(task.info["verifier_timeout_sec"], limits.wall_seconds)
-        setup = _files_under(self.folder / "environment")
+        setup = files_below(self.folder / "environment")
         self.sandbox = Sandbox(limits, files={name: path.read_bytes() for name, path in setup.items()})
         executable = [shlex.quote(name) for name, path in setup.items() if path.stat().st_mode & 0o111]
         if executable:
@@ -195,7 +192,7 @@ class TerminalEpisode:
 
     def _run_tests(self) -> bool:  # test.sh's output is not kept: the outcome is its exit code
         hidden = f"/tmp/.verifier-{secrets.token_hex(8)}"  # a name the policy could not have guessed
-        for name, path in _files_under(self.folder / "tests").items():
+        for name, path in files_below(self.folder / "tests").items():
             self.sandbox.write(f"{hidden}/{name}", path.read_bytes())
         result = self.sandbox.run(f"TESTS_DIR={hidden} timeout {self.verifier_seconds:g} "
                                   f"bash {hidden}/test.sh >/dev/null 2>&1")

@@ -94,4 +94,9 @@ def sandbox(command: list[str], files: str | None, python: bool) -> int:
 def _folder_files(folder: Path) -> dict[str, bytes]:
     if not folder.is_dir():
         raise EnvInputError(f"--files {folder}: not a folder")
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    from envs.task_files import files_below
+
+    try:
+        return {relative: path.read_bytes() for relative, path in files_below(folder).items()}
+    except ValueError as exc:
+        raise EnvInputError(f"--files {exc}") from None
