@@ -18,9 +18,14 @@ MB = 1024 * 1024
 TMP_BYTES, TMP_FILES, SHM_BYTES, SHM_FILES = 8 * MB, 2000, 4 * MB, 100
 # Mounts the sandbox's tmpfs (with sizes and inode counts, which bwrap's --tmpfs cannot cap) in a
 # mount namespace of their own, over an empty host folder: the host never sees them, and they go
-# away with the sandbox's last process.
-MOUNT_TMPFS = ('set -e; base=$1; mount -t tmpfs -o mode=0755,size=16k posttrain "$base"; for name in work tmp shm; '
-               'do mkdir "$base/$name"; mount -t tmpfs -o "$2" posttrain "$base/$name"; shift; done; shift; exec "$@"')
+# away with the sandbox's last process. First, in the sandbox's own IPC namespace and while still
+# root, SysV shared memory, message queues and semaphores are capped at nothing: a segment would
+# outlive each command for the whole episode and count against no process's memory limit.
+DENY_SYSV_IPC = ('echo 0 > /proc/sys/kernel/shmall; echo 0 > /proc/sys/kernel/msgmni; '
+                 'echo "0 0 0 0" > /proc/sys/kernel/sem; ')
+MOUNT_TMPFS = ('set -e; ' + DENY_SYSV_IPC + 'base=$1; mount -t tmpfs -o mode=0755,size=16k posttrain "$base"; '
+               'for name in work tmp shm; do mkdir "$base/$name"; mount -t tmpfs -o "$2" posttrain "$base/$name"; '
+               'shift; done; shift; exec "$@"')
 INSTALL_HINT = "bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap` (Debian/Ubuntu)"
 
 
@@ -97,11 +102,13 @@ def bwrap_command(limits: SandboxLimits, uid: int) -> list[str]:
     python, python_binds = _python()
     base = _mount_point()
     return [
-        unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", MOUNT_TMPFS, "sh", base,
+        unshare, "--mount", "--ipc", "--propagation", "private", "--", "/bin/sh", "-c", MOUNT_TMPFS, "sh", base,
         _tmpfs_options(limits.disk_mb * MB, limits.max_files, "0755", uid),
         _tmpfs_options(TMP_BYTES, TMP_FILES, "01777", uid), _tmpfs_options(SHM_BYTES, SHM_FILES, "01777", uid),
         setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
+        # --unshare-all but IPC: the sandbox stays in the IPC namespace whose limits root wrote above
+        bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+        "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
         "--disable-userns", "--die-with-parent",
         "--new-session", "--as-pid-1", "--hostname", "sandbox",
         *_system_binds(), *python_binds, "--proc", "/proc", "--dev", "/dev",

@@ -51,3 +51,15 @@ def test_sandbox_files_with_a_symlink_is_one_line(tmp_path, capsys):
     assert main(["sandbox", "--files", str(seed), "--", "cat", "leak.txt"]) == 2
     assert capsys.readouterr().err == (f"error: --files {seed / 'leak.txt'}: a symlink (task folders are read "
                                        "without following links)\n")
+
+
+def test_sysv_shared_memory_queues_and_semaphores_are_denied_in_the_sandbox():
+    from envs.sandbox import Sandbox
+
+    probe = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "print(libc.shmget(0, 1 << 26, 0o1600), libc.msgget(0, 0o1600), libc.semget(0, 1, 0o1600))\n")
+    with Sandbox() as box:
+        box.write("probe.py", probe)
+        assert box.run("python3 probe.py").output.strip() == "-1 -1 -1"
+        assert box.run("cat /proc/sys/kernel/shmall").output.strip() == "0"
+        assert box.run("echo 99999 > /proc/sys/kernel/shmall; cat /proc/sys/kernel/shmall").output.strip().endswith("0")
