@@ -39,6 +39,10 @@ def cmd_run(args) -> int:
     spec, text = open_spec(args.spec)
     store = open_store(args.store or spec.store, spec.storage_options)
     api = check_prefect_api()
+    if api is None:  # ephemeral: Prefect's temporary API server must not outlive this process
+        from flows.cli.reaper import start as start_reaper
+
+        start_reaper()
     if spec.workers is not None and api is None:
         raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "
                         "but PREFECT_API_URL is not set")

@@ -1,0 +1,31 @@
+"""A SIGKILLed `posttrain run` leaves nothing running (issue 20, item 2, in part): its stage children
+already die with it; the temporary Prefect server it started in ephemeral mode now does too."""
+
+import os
+import signal
+import time
+
+from e2e.helpers import EPHEMERAL, start, tiny_spec, write
+
+from flows.cli.reaper import _alive, servers_of
+
+
+def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path):
+    spec = write(tmp_path, tiny_spec(f"file://{tmp_path / 'store'}", sft={"max_steps": 500}))
+    process = start("run", spec, env=EPHEMERAL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (servers := servers_of(process.pid)):
+            assert process.poll() is None and time.monotonic() < deadline, "no temporary Prefect server appeared"
+            time.sleep(0.5)
+        os.kill(process.pid, signal.SIGKILL)  # the CLI alone, as the OOM killer or `kill -9` would
+        process.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in servers):
+            assert time.monotonic() < deadline, f"the temporary Prefect server {sorted(servers)} outlived its CLI"
+            time.sleep(0.2)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
