@@ -1,73 +1,67 @@
-"""`python -m flows.cli.reaper PID`: the temporary Prefect server dies with the CLI that started it.
+"""`python -m flows.cli.reaper PID TOKEN`: the temporary Prefect server dies with the CLI that started it.
 
 In ephemeral mode Prefect runs its API as a uvicorn child of the CLI and stops it on a clean exit;
-a SIGKILLed CLI leaves it running, holding a port and memory. This watcher (its own session, stdlib
-only) remembers the CLI's uvicorn children while the CLI lives and kills them once it is gone.
+a SIGKILLed CLI leaves it running, holding a port and memory. The CLI marks its environment with a
+token (which the server inherits) and starts this watcher (its own session, stdlib only); once the
+CLI is gone, the watcher kills every Prefect API server carrying the token, wherever it was
+reparented.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 import time
 
 POLL_SECONDS = 0.5
-SERVER_MARK = "prefect.server.api.server:create_app"
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name: [state, ppid, ...]; None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
+SERVER_MARK = b"prefect.server.api.server:create_app"
+TOKEN_VARIABLE = "POSTTRAIN_REAPER_TOKEN"
 
 
 def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
-def servers_of(parent: int) -> dict[int, str]:
-    """{pid: start time} of the Prefect API servers among `parent`'s children."""
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = _stat(int(name))
-        if fields is None or fields[1] != str(parent):
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                command = handle.read().decode(errors="replace")
-        except OSError:
-            continue
-        if SERVER_MARK in command:
-            found[int(name)] = fields[19]  # start time: a reused pid is not the server
-    return found
+def _read(pid: str, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
 
 
-def watch(parent: int) -> None:
-    servers: dict[int, str] = {}
+def servers_with(token: str) -> list[int]:
+    """The Prefect API servers whose environment carries `token`."""
+    marker = f"{TOKEN_VARIABLE}={token}".encode()
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and SERVER_MARK in _read(pid, "cmdline")
+            and marker in _read(pid, "environ").split(b"\0")]
+
+
+def watch(parent: int, token: str) -> None:
     while _alive(parent):
-        servers.update(servers_of(parent))
         time.sleep(POLL_SECONDS)
-    for pid, started in servers.items():
-        fields = _stat(pid)
-        if fields is not None and fields[19] == started:
+    for pid in servers_with(token):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-def start(parent: int | None = None) -> None:
-    """Start the watcher of `parent` (this process by default) in a session of its own."""
+def start() -> None:
+    """Mark this process's environment (inherited by the server Prefect starts) and start its watcher."""
     import subprocess
 
-    subprocess.Popen([sys.executable, "-m", "flows.cli.reaper", str(parent or os.getpid())],
-                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    token = os.environ.setdefault(TOKEN_VARIABLE, secrets.token_hex(8))
+    subprocess.Popen([sys.executable, "-m", "flows.cli.reaper", str(os.getpid()), token], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]))
+    watch(int(sys.argv[1]), sys.argv[2])

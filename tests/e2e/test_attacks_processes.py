@@ -4,10 +4,25 @@ already die with it; the temporary Prefect server it started in ephemeral mode n
 import os
 import signal
 import time
+from pathlib import Path
 
 from e2e.helpers import EPHEMERAL, start, tiny_spec, write
 
-from flows.cli.reaper import _alive, servers_of
+from flows.cli.reaper import _alive
+
+
+def servers_of(parent: int) -> list[int]:
+    """The Prefect API servers among `parent`'s children."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[1] == str(parent) and b"prefect.server.api.server:create_app" in command:
+            found.append(int(pid))
+    return found
 
 
 def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path):
