@@ -15,17 +15,11 @@ import signal
 import sys
 import time
 
+from tasks.runtime.processes import alive
+
 POLL_SECONDS = 0.5
 SERVER_MARK = b"prefect.server.api.server:create_app"
 TOKEN_VARIABLE = "POSTTRAIN_REAPER_TOKEN"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def _read(pid: str, name: str) -> bytes:
@@ -44,7 +38,7 @@ def servers_with(token: str) -> list[int]:
 
 
 def watch(parent: int, token: str) -> None:
-    while _alive(parent):
+    while alive(parent):
         time.sleep(POLL_SECONDS)
     for pid in servers_with(token):
         try:

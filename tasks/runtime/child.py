@@ -25,6 +25,7 @@ from tasks.common import checkpointing, contract_gate
 from tasks.common.context import StageContext
 from tasks.common.contract_gate import ContractViolation
 from tasks.request import StageRequest
+from tasks.runtime.processes import alive
 
 
 def _exit_with(orchestrator: int) -> None:
@@ -32,19 +33,11 @@ def _exit_with(orchestrator: int) -> None:
     parent is the fork server, which outlives the orchestrator while it has children, so the
     watch is on the orchestrator's pid itself (gone, or a zombie nobody reaped yet)."""
     def watch():
-        while _alive(orchestrator):
+        while alive(orchestrator):
             time.sleep(0.5)
         os._exit(137)
 
     threading.Thread(target=watch, daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def _use_cpu_without_cuda() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from e2e.helpers import EPHEMERAL, start, tiny_spec, write
 
-from flows.cli.reaper import _alive
+from tasks.runtime.processes import alive
 
 
 def servers_of(parent: int) -> list[int]:
@@ -36,7 +36,7 @@ def test_a_killed_cli_takes_its_temporary_prefect_server_with_it(tmp_path):
         os.kill(process.pid, signal.SIGKILL)  # the CLI alone, as the OOM killer or `kill -9` would
         process.wait()
         deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in servers):
+        while any(alive(pid) for pid in servers):
             assert time.monotonic() < deadline, f"the temporary Prefect server {sorted(servers)} outlived its CLI"
             time.sleep(0.2)
     finally:
