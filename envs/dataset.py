@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from data_contracts.formats import plain
 from envs.base import (
     NO_OUTCOME,
     EnvFieldError,
@@ -199,9 +200,6 @@ def _full_marks(func: RewardFunc, completion: str, task: Task, outcome: Outcome)
 
 
 def _cell(value):
-    """A Parquet cell as a plain Python value (numpy scalars and arrays included)."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
+    """A Parquet cell as a plain Python value (numpy scalars and arrays included; NaN is missing)."""
+    value = plain(value)
+    return None if isinstance(value, float) and math.isnan(value) else value

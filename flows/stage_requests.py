@@ -23,10 +23,11 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     env_ids = [env_id for _, env_id in stage.env_refs()]
     envs = {env_id: spec.envs[env_id] for env_id in env_ids}
     base = base_identity(spec.model.base)
+    carried = {env_id: reward_code(config) for env_id, config in envs.items()}  # read once: key and request
     context = {"model": spec.model.model_dump(), "base": base,
                "envs": {env_id: config.model_dump() for env_id, config in envs.items()},
                "env_data": {env_id: task_folder_digest(config) for env_id, config in envs.items()},
-               "env_code": {env_id: env_code(config) for env_id, config in envs.items()}}
+               "env_code": {env_id: env_code(config, carried[env_id]) for env_id, config in envs.items()}}
     kept = keep_sources(stage, store)
     if kept:
         context["sources"] = kept
@@ -37,8 +38,7 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     return StageRequest(stage=stage, pipeline=spec.name, run_id=run_id, cache_key=key, model=spec.model, envs=envs,
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
                         evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
-                        sources=kept, code={path: source for config in envs.values()
-                                            for path, source in reward_code(config).items()})
+                        sources=kept, code={path: source for code in carried.values() for path, source in code.items()})
 
 
 def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:
@@ -56,15 +56,15 @@ def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:
     return kept
 
 
-def env_code(config) -> dict | None:
+def env_code(config, carried: dict[str, str]) -> dict | None:
     """What identifies an env's code outside the project in cache keys: a package kind's
-    distribution, version and code hash, and the code of the reward functions it names (a user's
-    module); None when all of it is the project's (the code version covers it)."""
+    distribution, version and code hash, and the code of the reward modules it names that travel
+    with the request (`carried`, from `reward_code`); None when all of it is the project's (the code
+    version covers it)."""
     code = {}
     package = env_package(config)
     if package is not None:
         code.update(package=package, code=package_code_version(type(config).__module__))
-    carried = reward_code(config)
     if carried:
         code["rewards"] = hash_value(carried)
     return code or None

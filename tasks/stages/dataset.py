@@ -162,7 +162,7 @@ def run(stage: DatasetStage, ctx: StageContext) -> dict[str, StageOutput]:
 
     rows = source_rows(stage, ctx)
     found = list(rows[0]) if rows else []
-    name = stage._format or resolve_format(stage, found, stage.source)
+    name = resolve_format(stage, found, stage.source)  # a worker's stage has no parse-time state
     if stage.format == "auto":
         ctx.log(f"format auto: {name} (columns {', '.join(formats.renamed(found, stage.columns))})")
     base = resolve_base(ctx.model.base)
