@@ -16,13 +16,15 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(STAMP) sandbox-tools
 
-# The agentic envs run every command of the policy in bubblewrap; there is no unsandboxed fallback.
-# Installed here where root and apt can; elsewhere install the Debian/Ubuntu package bubblewrap.
+# The agentic envs run every command of the policy in bubblewrap, under a seccomp filter built with
+# libseccomp; there is no unsandboxed fallback. Installed here where root and apt can; elsewhere
+# install the Debian/Ubuntu packages bubblewrap and libseccomp2.
+SANDBOX_READY = command -v bwrap >/dev/null && /sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 '
 sandbox-tools:
-	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
-	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || true
-	@command -v bwrap >/dev/null || echo "warning: bwrap not found; install bubblewrap to use the terminal, rlm and openclaw envs" >&2
+	@$(SANDBOX_READY) || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	  { apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1; }; }; } || true
+	@$(SANDBOX_READY) || echo "warning: bwrap or libseccomp2 not found; install bubblewrap and libseccomp2 to use the terminal, rlm and openclaw envs" >&2
 
 # torch first and pinned, so pip keeps the CPU build that lies on this machine's disk.
 $(STAMP): pyproject.toml

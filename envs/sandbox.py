@@ -1,14 +1,16 @@
 """The sandbox every command and code cell of a policy runs in: bubblewrap, no fallback.
 
-One sandbox per episode: a `bwrap` process as an unprivileged uid of its own, in new user, pid, net,
-ipc, uts and cgroup namespaces (no network, no further user namespaces), with /usr and the root
-read-only, tmpfs at /work, /tmp and /dev/shm capped in size and file count (the host mounts them in
-a private mount namespace: it needs root, as setpriv does), a cleared environment, and as pid 1 a
-stdlib agent (envs/sandbox_agent.py, sandbox_proc.py, sandbox_worker.py) that runs each command, and
-each Python cell in a worker process, under CPU, memory, process, file-size and wall-clock limits,
-truncates their output and kills whatever they leave running. The host talks to it over a private
-pipe pair; if it stops answering in time, or answers out of turn, the sandbox is killed and the
-episode gets an error observation.
+One sandbox per episode: a `bwrap` process as an unprivileged uid of its own (as root; without root,
+this process's uid in a user namespace of its own), in new user, pid, net, ipc, uts and cgroup
+namespaces (no network, no further user namespaces), under a seccomp filter (envs/sandbox_seccomp.py),
+with /usr and the root read-only, tmpfs at /work, /tmp, /dev/shm and /grader capped in size and file
+count (mounted in a private mount namespace: envs/sandbox_launch.py), a cleared environment, and as
+pid 1 a stdlib agent (envs/sandbox_agent.py, sandbox_files.py, sandbox_proc.py, sandbox_worker.py)
+that runs each command, and each Python cell in a worker process, under CPU, memory, process,
+file-size and wall-clock limits, truncates their output and kills whatever they leave running. The
+host talks to it over a private pipe pair; if it stops answering in time, or answers out of turn,
+the sandbox is killed and the episode gets an error observation. A grader's command runs by
+`grade`, where the policy cannot have planted anything it would pick up.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import json
 import os
 import secrets
+import select
 import signal
 import subprocess
 import tempfile
@@ -28,10 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from envs.sandbox_launch import AGENT, AGENT_FILES, INSTALL_HINT, SandboxLimits, SandboxUnavailable, bwrap_command
+from envs import sandbox_cgroup
+from envs.sandbox_launch import (AGENT, AGENT_FILES, GRADER, INSTALL_HINT, SandboxLimits, SandboxUnavailable, launch,
+                                 privileged)
 
-__all__ = ["AGENT", "AGENT_FILES", "INSTALL_HINT", "Result", "Sandbox", "SandboxLimits", "SandboxUnavailable",
-           "bwrap_command"]
+__all__ = ["AGENT", "AGENT_FILES", "GRADER", "INSTALL_HINT", "Result", "Sandbox", "SandboxLimits",
+           "SandboxUnavailable", "launch"]
 
 SANDBOX_UIDS = itertools.count(0)
 UID_BASE, UID_SPAN = 400_000, 50_000  # each sandbox its own uid, so process limits are its own
@@ -61,23 +66,30 @@ class Sandbox:
         self.llm = llm
         self.llm_calls = 0
         self.stopped: str | None = None  # why the sandbox is gone, once it is
-        self.uid = UID_BASE + (os.getpid() * 7919 + next(SANDBOX_UIDS)) % UID_SPAN
-        command = bwrap_command(self.limits, self.uid)
+        # as root each sandbox its own host uid; without root, this process's (in a user namespace of its own)
+        own_uid = UID_BASE + (os.getpid() * 7919 + next(SANDBOX_UIDS)) % UID_SPAN
+        self.uid = own_uid if privileged() else os.geteuid()
+        started = launch(self.limits, self.uid)
+        self.cgroup = started.cgroup
         to_agent, self._requests = os.pipe()
         self._replies, from_agent = os.pipe()
         self._bwrap_errors = tempfile.TemporaryFile()
+        self._agent: int | None = None  # a pidfd of the agent (the sandbox's pid 1), once it is ready
         try:
-            self.process = subprocess.Popen([*command, str(to_agent), str(from_agent)], pass_fds=(to_agent, from_agent),
+            self.process = subprocess.Popen([*started.command, str(to_agent), str(from_agent)],
+                                            pass_fds=(to_agent, from_agent, *started.fds),
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=self._bwrap_errors, start_new_session=True)
         except OSError as exc:
             os.close(self._requests)
             os.close(self._replies)
             self._bwrap_errors.close()
+            sandbox_cgroup.remove(self.cgroup)
             raise SandboxUnavailable(f"bwrap could not start: {exc}") from exc
         finally:
             os.close(to_agent)
             os.close(from_agent)
+            started.close_fds()
         self._reader = os.fdopen(self._replies, "rb")
         self._start(files or {})
 
@@ -100,6 +112,18 @@ class Sandbox:
         if reply["error"] and not self.stopped:
             raise ValueError(f"cannot write {path}: {reply['error']}")
 
+    def grade(self, files: Mapping[str, bytes], command: str) -> Result:
+        """A grader's command, where the policy can have planted nothing: after the policy's last
+        command the agent empties /grader, stops the Python worker for good and writes `files` to
+        /grader/tests ($TESTS_DIR); the command runs from /grader with HOME=/grader/home and
+        PYTHONSAFEPATH=1 (no python puts its working folder or its script's folder on sys.path, so a
+        check that does `cd /work` imports no module of the policy's). A check that runs the
+        policy's own program, which imports its neighbours, unsets it for that program only
+        (`env -u PYTHONSAFEPATH python3 main.py`); one that imports helpers of its own from
+        $TESTS_DIR puts them on PYTHONPATH."""
+        encoded = {name: base64.b64encode(data).decode() for name, data in files.items()}
+        return self._result(self._ask({"op": "grade", "files": encoded, "command": command}))
+
     def files(self) -> dict[str, bytes]:
         """The workspace's regular files (small ones, links not followed), for graders; empty once stopped."""
         reply = self._ask({"op": "snapshot"})
@@ -118,13 +142,12 @@ class Sandbox:
                 pass
         self._kill("closed")  # only if still running
         self.process.wait()
-        give_up = time.monotonic() + HOST_GRACE_SECONDS  # after a kill, pid 1 and the rest die asynchronously
-        while _processes_of(self.uid) and time.monotonic() < give_up:
-            time.sleep(0.01)
+        self._wait_for_agent()
         for stream in (self._reader, self._bwrap_errors):
             stream.close()
         if self._requests >= 0:
             os.close(self._requests)
+        sandbox_cgroup.remove(self.cgroup)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -132,9 +155,20 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _wait_for_agent(self) -> None:
+        """After a kill, pid 1 dies asynchronously, and the rest of its pid namespace before it."""
+        if self._agent is not None:
+            select.select([self._agent], [], [], HOST_GRACE_SECONDS)
+            os.close(self._agent)
+            self._agent = None
+        give_up = time.monotonic() + HOST_GRACE_SECONDS
+        while self.uid != os.geteuid() and _processes_of(self.uid) and time.monotonic() < give_up:
+            time.sleep(0.01)  # as root, until pid 1's zombie is reaped too
+
     def _start(self, files: Mapping[str, str | bytes]) -> None:
         try:
             self._read_reply(START_SECONDS)  # the agent's {"ready"}
+            self._agent = _child_pidfd(self.process.pid)
         except (OSError, ValueError, TimeoutError) as exc:
             self._kill(f"{type(exc).__name__}: {exc}")
         for path, data in files.items():
@@ -210,6 +244,14 @@ class Sandbox:
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # bwrap's child dies with it (--die-with-parent)
+
+
+def _child_pidfd(parent: int) -> int | None:
+    """A pidfd of bwrap's one child, the agent (None when it has none, or the kernel does not list children)."""
+    with contextlib.suppress(OSError):
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        return os.pidfd_open(int(children[0])) if children else None
+    return None
 
 
 def _processes_of(uid: int) -> list[int]:

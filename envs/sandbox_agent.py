@@ -10,30 +10,30 @@ no child inherits. The host sends one JSON request per line, each with an "id" t
   {"answer"} or {"error"} in);
 - {"op": "set", "values"}: variables of the worker's namespace (RLM's `context`);
 - {"op": "put", "path", "data"}: writes a file (base64) under /work or /tmp;
-- {"op": "snapshot"}: the regular files under /work (base64, small ones), for graders.
-Sh and py answer {"output", "exit_code", "error"}, the others {"error"} and their own fields.
+- {"op": "snapshot"}: the regular files under /work (base64, small ones), for graders;
+- {"op": "grade", "files", "command"}: a grader's command, run from a folder the policy cannot have
+  planted anything in (see Sandbox.grade).
+Sh, py and grade answer {"output", "exit_code", "error"}, the others {"error"} and their own fields.
 Between requests nothing of the policy's runs: after each command or cell every other process is
 killed and the worker is stopped (SIGSTOP) until its next cell, so the policy can neither act
 during a grader's command nor race a `put` or a snapshot.
 """
 
-import base64
 import contextlib
 import ctypes
 import json
 import os
 import signal
-import stat
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
-from sandbox_proc import EXITED, WATCHED, Output, quiesce, reap, spawn, wait_ready, watch_children  # noqa: E402
+from sandbox_files import GRADER, empty, put, snapshot
+from sandbox_proc import EXITED, WATCHED, Output, quiesce, reap, spawn, wait_ready, watch_children
 
 PR_SET_DUMPABLE = 4
 INTERRUPT_GRACE = 1.0  # seconds a cell gets to unwind after SIGALRM before its worker is killed
 MESSAGE_BYTES = 1 << 22  # the longest line the worker may send (an llm_query prompt)
-SNAPSHOT_FILE_BYTES, SNAPSHOT_TOTAL_BYTES, SNAPSHOT_ENTRIES = 65536, 4 << 20, 20000
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 LOST = "its variables are lost"
 
@@ -120,10 +120,10 @@ def forget_worker():
     WORKER = None
 
 
-def shell(command):
+def shell(command, cwd="/work", env=None):
     out_r, out_w = os.pipe()
     os.set_blocking(out_r, False)
-    pid = spawn(["/bin/bash", "-c", command], out_w, LIMITS, LIMITS["cpu_seconds"])
+    pid = spawn(["/bin/bash", "-c", command], out_w, LIMITS, LIMITS["cpu_seconds"], cwd=cwd, env=env)
     os.close(out_w)
     output, error, is_open = Output(LIMITS["output_bytes"]), None, True
     deadline = time.monotonic() + LIMITS["wall_seconds"]
@@ -206,45 +206,21 @@ def relay_llm_query(request_id, prompt):
     return {"error": reply["error"]} if "error" in reply else {"answer": str(reply["answer"])}
 
 
-def put(path, data):
-    """Writes exactly `path`, following no link: whatever the policy left in the way (a link, a file
-    where a folder goes, a folder without write permission) is replaced or opened up first."""
-    target = os.path.normpath(path)
-    root = next((root for root in ("/work", "/tmp") if target.startswith(root + "/")), None)
-    if root is None:
-        return {"error": f"not writable: {path}"}
-    folder = root
-    for part in os.path.relpath(os.path.dirname(target), root).split("/"):
-        folder = os.path.normpath(os.path.join(folder, part))
-        if os.path.islink(folder) or (os.path.lexists(folder) and not os.path.isdir(folder)):
-            os.unlink(folder)
-        if not os.path.lexists(folder):
-            os.mkdir(folder)
-        os.chmod(folder, os.lstat(folder).st_mode | 0o700)
-    if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
-        os.unlink(target)
-    handle = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(handle, "wb") as stream:
-        stream.write(base64.b64decode(data))
-    return {"error": None}
-
-
-def snapshot():
-    files, total, entries = {}, 0, 0
-    for root, dirs, names in os.walk("/work"):  # os.walk does not follow links to directories
-        for name in names:
-            entries += 1
-            path = os.path.join(root, name)
-            info = os.lstat(path)
-            wanted = stat.S_ISREG(info.st_mode) and info.st_size <= SNAPSHOT_FILE_BYTES
-            if entries > SNAPSHOT_ENTRIES or (wanted and total + info.st_size > SNAPSHOT_TOTAL_BYTES):
-                return {"files": files, "error": None}
-            if wanted:
-                with contextlib.suppress(OSError), open(path, "rb") as handle:  # chmod 000 by the policy
-                    data = handle.read(SNAPSHOT_FILE_BYTES)
-                    total += len(data)
-                    files[os.path.relpath(path, "/work")] = base64.b64encode(data).decode()
-    return {"files": files, "error": None}
+def grade(files, command):
+    """The grader's files in /grader/tests, its command run from /grader, nothing of the policy's in reach:
+    not its files (PYTHONSAFEPATH: no python puts /work first on sys.path), not its worker."""
+    if WORKER is not None:
+        WORKER.kill()
+        forget_worker()
+    empty(GRADER)
+    for folder in ("tests", "home"):
+        os.mkdir(f"{GRADER}/{folder}")
+    for name, data in files.items():
+        error = put(f"{GRADER}/tests/{name}", data)["error"]
+        if error:
+            return {"output": "", "exit_code": None, "error": error}
+    env = {**os.environ, "HOME": f"{GRADER}/home", "TESTS_DIR": f"{GRADER}/tests", "PYTHONSAFEPATH": "1"}
+    return shell(command, cwd=GRADER, env=env)
 
 
 def handle(request):
@@ -257,6 +233,8 @@ def handle(request):
         return {"error": in_worker(request["id"], {"values": request["values"]})["error"]}
     if op == "put":
         return put(request["path"], request["data"])
+    if op == "grade":
+        return grade(request["files"], request["command"])
     return snapshot()
 
 

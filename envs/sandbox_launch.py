@@ -1,32 +1,49 @@
-"""How a sandbox starts (see envs/sandbox.py): its limits and the command line that launches it."""
+"""How a sandbox starts (see envs/sandbox.py): its limits and the command line that launches it.
+
+As root, `unshare --mount --ipc` mounts the sandbox's capped tmpfs in a mount namespace of its own
+and caps SysV IPC in its IPC namespace, then setpriv drops to the sandbox's own host uid. Without
+root, or root without CAP_SYS_ADMIN (a container's), where unprivileged user namespaces are
+allowed, `unshare --user --map-root-user --mount --ipc` does the same as the root of a user
+namespace of its own, and the sandbox runs as this process's uid: its process limit is still its own, as the kernel (5.14+) counts RLIMIT_NPROC per
+user namespace. Then bwrap, with the seccomp filter of envs/sandbox_seccomp.py, runs the agent.
+"""
 
 from __future__ import annotations
 
 import atexit
 import functools
 import os
+import secrets
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from envs import sandbox_cgroup, sandbox_seccomp
+
 AGENT = Path(__file__).with_name("sandbox_agent.py")
-AGENT_FILES = [AGENT, *(AGENT.with_name(name) for name in ("sandbox_proc.py", "sandbox_worker.py"))]  # what runs inside
+AGENT_FILES = [AGENT, *(AGENT.with_name(f"sandbox_{name}.py") for name in ("files", "proc", "worker"))]  # run inside
 MB = 1024 * 1024
 TMP_BYTES, TMP_FILES, SHM_BYTES, SHM_FILES = 8 * MB, 2000, 4 * MB, 100
+GRADER_BYTES, GRADER_FILES = 8 * MB, 2000  # /grader: a grader's files, emptied before each grading
 # Mounts the sandbox's tmpfs (with sizes and inode counts, which bwrap's --tmpfs cannot cap) in a
 # mount namespace of their own, over an empty host folder: the host never sees them, and they go
 # away with the sandbox's last process. First, in the sandbox's own IPC namespace and while still
 # root, SysV shared memory, message queues and semaphores are capped at nothing: a segment would
-# outlive each command for the whole episode and count against no process's memory limit.
-DENY_SYSV_IPC = ('echo 0 > /proc/sys/kernel/shmall; echo 0 > /proc/sys/kernel/msgmni; '
-                 'echo "0 0 0 0" > /proc/sys/kernel/sem; ')
+# outlive each command for the whole episode and count against no process's memory limit. That is
+# belt and braces over the seccomp filter, which denies them: a read-only /proc/sys (a container's)
+# or a kernel that keeps a user namespace's root from these sysctls leaves the filter alone.
+DENY_SYSV_IPC = ('{ echo 0 > /proc/sys/kernel/shmall; echo 0 > /proc/sys/kernel/msgmni; '
+                 'echo "0 0 0 0" > /proc/sys/kernel/sem; } 2>/dev/null || :; ')
 MOUNT_TMPFS = ('set -e; ' + DENY_SYSV_IPC + 'base=$1; mount -t tmpfs -o mode=0755,size=16k posttrain "$base"; '
-               'for name in work tmp shm; do mkdir "$base/$name"; mount -t tmpfs -o "$2" posttrain "$base/$name"; '
-               'shift; done; shift; exec "$@"')
+               'for name in work tmp shm grader; do mkdir "$base/$name"; '
+               'mount -t tmpfs -o "$2" posttrain "$base/$name"; shift; done; shift; exec "$@"')
 INSTALL_HINT = "bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap` (Debian/Ubuntu)"
+SECCOMP_HINT = "install libseccomp with `apt-get install libseccomp2` (Debian/Ubuntu)"
+GRADER = "/grader"  # where Sandbox.grade runs a grader (the agent empties it first)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -47,8 +64,37 @@ class SandboxLimits(BaseModel):
     output_bytes: int = Field(1024, ge=64)  # what the policy sees of one command's output
 
 
+CAPABILITIES = (6, 7, 21)  # CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN
 SANDBOX_ID = 1000  # the uid/gid the policy sees inside: the same in every sandbox, so observations
 # (`id`, `ls -ln`) do not depend on which host uid this sandbox got (runs stay reproducible)
+
+
+def memory_bound(limits: SandboxLimits) -> int:
+    """What one sandbox's processes and files can hold in memory, in bytes, without a cgroup:
+
+        processes * memory_mb MiB + disk_mb MiB + (8 + 4 + 8) MiB
+
+    RLIMIT_NPROC caps the sandbox's processes (and threads) at `processes` (its own host uid, or its
+    own user namespace without root) and RLIMIT_AS each one's address space at `memory_mb`; the
+    tmpfs at /work, /tmp, /dev/shm and /grader are capped in size and inodes; memfd and SysV IPC,
+    memory no limit above covers, are denied (seccomp; SysV also by the IPC namespace's limits).
+    The trusted agent and kernel memory (page tables, pipe buffers, inodes) come on top.
+    With a delegated cgroup v2 (envs/sandbox_cgroup.py) memory.max is this bound.
+    """
+    tmpfs = limits.disk_mb * MB + TMP_BYTES + SHM_BYTES + GRADER_BYTES
+    return limits.processes * limits.memory_mb * MB + tmpfs
+
+
+@dataclass(frozen=True)
+class Launch:
+    command: list[str]
+    fds: tuple[int, ...]  # what bwrap reads once (--seccomp, --file): pass them to it, then close them
+    cgroup: Path | None  # the sandbox's own cgroup, to remove once it is gone; None: the fallback bound
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
 
 def _tool(name: str, hint: str) -> str:
     path = shutil.which(name)
@@ -95,25 +141,71 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_command(limits: SandboxLimits, uid: int) -> list[str]:
+def privileged() -> bool:
+    """Root with the capabilities the root path needs (mount, setuid); root in a container without them,
+    like any other user, takes the path through a user namespace."""
+    if os.geteuid() != 0:
+        return False
+    status = Path("/proc/self/status").read_text()
+    effective = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+    return all(effective >> bit & 1 for bit in CAPABILITIES)
+
+
+def _data_fd(name: str, data: bytes) -> int:
+    """An anonymous host file holding `data`, read from its start (bwrap's --seccomp and --file read an fd)."""
+    fd = os.memfd_create(name)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _seccomp_program() -> bytes:
+    try:
+        return sandbox_seccomp.program()
+    except OSError as exc:
+        raise SandboxUnavailable(f"the sandbox's seccomp filter cannot be built ({exc}); {SECCOMP_HINT}") from exc
+
+
+def _namespaces(limits: SandboxLimits, uid: int) -> list[str]:
+    """From the host to bwrap: the tmpfs mounted, SysV IPC capped, and (as root) the drop to `uid`."""
+    unshare, base = _util_linux("unshare"), _mount_point()
+    root = privileged()
+    owner = uid if root else 0  # without root: the user namespace's root, which bwrap maps the policy's uid onto
+    tmpfs = [_tmpfs_options(limits.disk_mb * MB, limits.max_files, "0755", owner),
+             _tmpfs_options(TMP_BYTES, TMP_FILES, "01777", owner), _tmpfs_options(SHM_BYTES, SHM_FILES, "01777", owner),
+             _tmpfs_options(GRADER_BYTES, GRADER_FILES, "0755", owner)]
+    user = [] if root else ["--user", "--map-root-user"]
+    command = [unshare, *user, "--mount", "--ipc", "--propagation", "private", "--",
+               "/bin/sh", "-c", MOUNT_TMPFS, "sh", base, *tmpfs]
+    if root:
+        command += [_util_linux("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return command
+
+
+def launch(limits: SandboxLimits, uid: int) -> Launch:
     """The command line up to the agent's own arguments (the host appends its two protocol fds)."""
     bwrap = _tool("bwrap", INSTALL_HINT)
-    unshare, setpriv = _util_linux("unshare"), _util_linux("setpriv")
     python, python_binds = _python()
-    base = _mount_point()
-    return [
-        unshare, "--mount", "--ipc", "--propagation", "private", "--", "/bin/sh", "-c", MOUNT_TMPFS, "sh", base,
-        _tmpfs_options(limits.disk_mb * MB, limits.max_files, "0755", uid),
-        _tmpfs_options(TMP_BYTES, TMP_FILES, "01777", uid), _tmpfs_options(SHM_BYTES, SHM_FILES, "01777", uid),
-        setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        # --unshare-all but IPC: the sandbox stays in the IPC namespace whose limits root wrote above
+    namespaces, base, program = _namespaces(limits, uid), _mount_point(), _seccomp_program()
+    fds = (_data_fd("posttrain-seccomp", program), *(_data_fd(path.name, path.read_bytes()) for path in AGENT_FILES))
+    name = f"posttrain-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+    cgroup = sandbox_cgroup.create(name, memory_bound(limits), limits.processes + 2)  # + bwrap's monitor, the agent
+    # copies in bwrap's root, not binds: /proc/self/mountinfo names no host path
+    agent_files = [arg for path, fd in zip(AGENT_FILES, fds[1:])
+                   for arg in ("--perms", "0444", "--file", str(fd), f"/opt/posttrain/{path.name}")]
+    command = [
+        *namespaces,
+        # --unshare-all but IPC: the sandbox stays in the IPC namespace whose limits were written above
         bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
         "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
-        "--disable-userns", "--die-with-parent",
+        "--disable-userns", "--die-with-parent", "--seccomp", str(fds[0]),
         "--new-session", "--as-pid-1", "--hostname", "sandbox",
         *_system_binds(), *python_binds, "--proc", "/proc", "--dev", "/dev",
         "--bind", f"{base}/work", "/work", "--bind", f"{base}/tmp", "/tmp", "--bind", f"{base}/shm", "/dev/shm",
-        *[arg for path in AGENT_FILES for arg in ("--ro-bind", str(path), f"/opt/posttrain/{path.name}")],
+        "--bind", f"{base}/grader", GRADER,
+        *agent_files,
         "--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs for / and /dev has no size cap
         "--chdir", "/work", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
@@ -121,3 +213,4 @@ def bwrap_command(limits: SandboxLimits, uid: int) -> list[str]:
         "--setenv", "PYTHONNOUSERSITE", "1",  # no usercustomize.py under /work/.local runs in a grader's python
         python, "-I", "-S", f"/opt/posttrain/{AGENT.name}", limits.model_dump_json(),
     ]
+    return Launch(sandbox_cgroup.enter(cgroup, command), fds, cgroup)

@@ -36,9 +36,10 @@ def set_limits(limits, cpu_seconds):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def spawn(argv, out_fd, limits, cpu_seconds, keep=()):
-    """A child in its own session in /work, under the limits, stdout and stderr on out_fd, stdin
-    /dev/null, and no fd of the agent's but `keep`. A failure to start is its output, exit code 127."""
+def spawn(argv, out_fd, limits, cpu_seconds, keep=(), cwd="/work", env=None):
+    """A child in its own session in `cwd`, under the limits, stdout and stderr on out_fd, stdin
+    /dev/null, no fd of the agent's but `keep`, and `env` (None: the agent's). A failure to start is
+    its output, exit code 127."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -46,7 +47,7 @@ def spawn(argv, out_fd, limits, cpu_seconds, keep=()):
             for signum in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signum, signal.SIG_DFL)
             os.setsid()
-            os.chdir("/work")
+            os.chdir(cwd)
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
             os.dup2(out_fd, 1)
             os.dup2(out_fd, 2)
@@ -57,7 +58,7 @@ def spawn(argv, out_fd, limits, cpu_seconds, keep=()):
             for fd in keep:
                 os.set_inheritable(fd, True)
             set_limits(limits, cpu_seconds)
-            os.execv(argv[0], argv)
+            os.execve(argv[0], argv, os.environ if env is None else env)
         except BaseException as exc:  # noqa: BLE001 - the child must never return into the agent
             with contextlib.suppress(BaseException):
                 os.write(1, f"cannot run: {exc}\n".encode())

@@ -4,8 +4,9 @@ A task is a folder (its name is the task's id): `instruction.md` (the prompt); `
 (Harbor's `[agent]`/`[verifier] timeout_sec`, `[environment] cpus, memory_mb, storage_mb,
 allow_internet = false`, `[metadata]`, and our top-level `split = "train" | "eval"`); optional
 `environment/` (setup files copied into the workspace /work at the start); `tests/test.sh` (the
-hidden check: copied to a random folder under /tmp only after the episode ended, run there in
-the same sandbox from /work; exit code 0 = passed); `solution/solve.sh` (the oracle, one
+hidden check: copied to /grader/tests only after the episode ended and run in the same sandbox
+by `Sandbox.grade`, from /grader with $TESTS_DIR, where the policy cannot have planted a module
+or config the check would pick up; exit code 0 = passed); `solution/solve.sh` (the oracle, one
 command per line, each line one action).
 
 The policy writes one command per action, `<bash>wc -l data.txt</bash>`, and the env answers
@@ -15,7 +16,6 @@ The policy writes one command per action, `<bash>wc -l data.txt</bash>`, and the
 from __future__ import annotations
 
 import re
-import secrets
 import shlex
 import tomllib
 from dataclasses import replace
@@ -191,11 +191,9 @@ class TerminalEpisode:
         return self.outcome
 
     def _run_tests(self) -> bool:  # test.sh's output is not kept: the outcome is its exit code
-        hidden = f"/tmp/.verifier-{secrets.token_hex(8)}"  # a name the policy could not have guessed
-        for name, path in files_below(self.folder / "tests").items():
-            self.sandbox.write(f"{hidden}/{name}", path.read_bytes())
-        result = self.sandbox.run(f"TESTS_DIR={hidden} timeout {self.verifier_seconds:g} "
-                                  f"bash {hidden}/test.sh >/dev/null 2>&1")
+        tests = {name: path.read_bytes() for name, path in files_below(self.folder / "tests").items()}
+        command = f'timeout {self.verifier_seconds:g} bash "$TESTS_DIR/test.sh" >/dev/null 2>&1'
+        result = self.sandbox.grade(tests, command)
         return result.error is None and result.exit_code == 0
 
 
