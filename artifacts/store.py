@@ -275,19 +275,26 @@ class Store:
         ref = Ref.parse(ref) if isinstance(ref, str) else ref
         return self.exists(self.version_path(ref, MANIFEST))
 
-    def fetch(self, ref: Ref | str, local_dir: Path | None = None) -> Path:
-        """Copy a committed version's files (not its manifest) to a local folder."""
+    def fetch(self, ref: Ref | str, local_dir: Path | None = None, hashes: bool | None = None) -> Path:
+        """A committed version's files (not its manifest) in a local folder: the store's own folder
+        for a local store without `local_dir`, else a copy. Every file's size is checked against the
+        manifest, and its sha256 too where the store is remote (`hashes`: say otherwise), so a
+        truncated upload or a file changed under the manifest is a StoreError, not a broken load."""
         ref = Ref.parse(ref) if isinstance(ref, str) else ref
         manifest = self.manifest(ref)
-        if self.local and local_dir is None:
-            return Path(self.version_path(ref))
-        local_dir = Path(local_dir or tempfile.mkdtemp(prefix="posttrain-"))
+        hashes = not self.local if hashes is None else hashes
+        if hashes and content_version({e["path"]: e["sha256"] for e in manifest["files"]}) != ref.version:
+            raise StoreError(f"{ref}: the manifest's files do not hash to version {ref.version}")
+        in_place = self.local and local_dir is None
+        local_dir = Path(self.version_path(ref)) if in_place else Path(local_dir or tempfile.mkdtemp(prefix="posttrain-"))
         for entry in manifest["files"]:
             if not inside(entry["path"]):
                 raise StoreError(f"{ref}: manifest file path {entry['path']!r} leaves the artifact's folder")
             target = local_dir / entry["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(self.version_path(ref, entry["path"]), str(target))
+            if not in_place:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(self.version_path(ref, entry["path"]), str(target))
+            _check_fetched(ref, entry, target, hashes)
         return local_dir
 
     def verify(self, ref: Ref | str) -> list[str]:
@@ -353,6 +360,19 @@ def folder_hashes(local_dir: Path) -> dict[str, str]:
     if not files:
         raise ValueError(f"nothing to commit in {local_dir}")
     return {rel: sha256_file(path) for rel, path in files.items()}
+
+
+def _check_fetched(ref: Ref, entry: dict, path: Path, hashes: bool) -> None:
+    if path.is_symlink():
+        raise StoreError(f"{ref}: {entry['path']} is a symlink")
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"{ref}: {entry['path']} is missing") from None
+    if "size" in entry and size != entry["size"]:
+        raise StoreError(f"{ref}: {entry['path']} is {size} bytes, the manifest says {entry.get('size')}")
+    if hashes and sha256_file(path) != entry["sha256"]:
+        raise StoreError(f"{ref}: {entry['path']} does not match its sha256 in the manifest")
 
 
 def _check_local_writable(root: str) -> None:

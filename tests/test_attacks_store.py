@@ -6,7 +6,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from artifacts.refs import inside
+from artifacts.refs import Ref, inside
 from artifacts.store import Store, StoreError
 from flows.cli.main import main
 
@@ -100,3 +100,42 @@ def test_secrets_in_storage_options_are_refused_by_default(tmp_path, capsys):
     assert main(["validate", str(spec)]) == 2
     assert capsys.readouterr().err.startswith("error: storage_options.headers: credentials must come from the "
                                               "environment or the AWS credential chain, not the spec")
+
+
+def committed(store: Store, tmp_path) -> str:
+    (tmp_path / "files").mkdir(exist_ok=True)
+    (tmp_path / "files" / "weights.bin").write_bytes(b"0123456789")
+    return str(store.commit("p/ckpt", "checkpoint", tmp_path / "files", producer={}))
+
+
+def test_fetch_from_an_object_store_checks_every_file_against_the_manifest(s3_endpoint, tmp_path):
+    """A file truncated by a racing writer, or changed under its manifest, is an error on fetch
+    from S3 (moto), never a checkpoint that loads wrong."""
+    store = Store("s3://posttrain-test/fetch-checks", {"endpoint_url": s3_endpoint})
+    ref = committed(store, tmp_path)
+    path = store.version_path(Ref.parse(ref), "weights.bin")
+    store.write_bytes(path, b"01234")
+    with pytest.raises(StoreError, match=r"^p/ckpt@\w+: weights.bin is 5 bytes, the manifest says 10$"):
+        store.fetch(ref, tmp_path / "a")
+    store.write_bytes(path, b"9876543210")  # same size: only the hash tells
+    with pytest.raises(StoreError, match=r"^p/ckpt@\w+: weights.bin does not match its sha256 in the manifest$"):
+        store.fetch(ref, tmp_path / "b")
+    store.write_bytes(path, b"0123456789")
+    assert (store.fetch(ref, tmp_path / "c") / "weights.bin").read_bytes() == b"0123456789"
+
+
+def test_local_fetch_checks_sizes_and_hashes_when_asked(tmp_path):
+    store = Store(f"file://{tmp_path / 'store'}")
+    ref = committed(store, tmp_path)
+    path = store.fetch(ref) / "weights.bin"
+    path.write_bytes(b"012")
+    with pytest.raises(StoreError, match="weights.bin is 3 bytes, the manifest says 10$"):
+        store.fetch(ref)
+    path.write_bytes(b"9876543210")
+    assert store.fetch(ref) == path.parent  # the size holds: a local fetch does not re-hash by default
+    with pytest.raises(StoreError, match="weights.bin does not match its sha256"):
+        store.fetch(ref, hashes=True)
+    path.unlink()
+    path.symlink_to("/etc/passwd")
+    with pytest.raises(StoreError, match="weights.bin is a symlink$"):
+        store.fetch(ref)

@@ -10,3 +10,13 @@ def alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot): with the pid, names one process even after the
+    pid is reused. None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None

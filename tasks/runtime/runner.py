@@ -19,6 +19,7 @@ from prefect.states import Completed
 
 from tasks.request import StageRequest
 from tasks.runtime.cache import cache_path, cached_result
+from tasks.runtime.claims import Claim, ClaimTimeout, claim_stage
 from tasks.runtime.events import emit_checkpoint_created
 from tasks.runtime.launch import start_child
 
@@ -61,10 +62,10 @@ class Announcements:
                 self.on_checkpoint(entry["ref"], entry["step"])
 
 
-def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None) -> dict:
+def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, heartbeat=lambda: None) -> dict:
     """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
     `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
-    result lists them."""
+    result lists them. `heartbeat()` is called at every poll."""
     timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -78,6 +79,7 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None) ->
                 if time.monotonic() > deadline:
                     raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
                 announcements.drain()
+                heartbeat()
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
             if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
@@ -117,12 +119,23 @@ def stage_task_options(request: StageRequest, task_run_name: str | None = None) 
 
 @task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)
 def run_stage(request: StageRequest):
+    """The stage's result: from the store's stage cache, from another run that held the stage's
+    claim meanwhile (tasks/runtime/claims.py; waiting counts against the stage's timeout), or
+    from running it here."""
     store = request.store.open()
-    hit = cached_result(store, request.cache_key)
-    if hit is not None:
-        return Completed(name="Cached", data=hit, message=f"outputs already committed: {hit['outputs']}")
-    with gpu_slots(request.orchestration.gpus):
-        result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step))
-    store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
-                                                            **result})
+    try:
+        claim = claim_stage(store, request.cache_key, request.run_id, request.orchestration.timeout_seconds,
+                            lambda: cached_result(store, request.cache_key))
+    except ClaimTimeout as exc:
+        raise StageFailed(f"stage {request.stage.id!r}: {exc}") from None
+    if not isinstance(claim, Claim):
+        return Completed(name="Cached", data=claim, message=f"outputs already committed: {claim['outputs']}")
+    try:
+        with gpu_slots(request.orchestration.gpus):
+            result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
+                                  heartbeat=claim.heartbeat)
+        store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
+                                                                **result})
+    finally:
+        claim.release()
     return result
