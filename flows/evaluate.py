@@ -15,7 +15,9 @@ import json
 from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
+from prefect.runtime import deployment
 
+from artifacts.allow_list import StoreNotAllowed, allowed_entries, check_allowed
 from artifacts.refs import BadRef, Ref
 from artifacts.store import Store, StoreError
 from envs.loader import ENV_CONFIG, ENV_KINDS
@@ -128,12 +130,19 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics}.
 
     `storage_options` may come as JSON text (how a trigger's template renders the event's dict).
+    A run of a deployment opens only a store POSTTRAIN_ALLOWED_STORES allows where it runs
+    (artifacts.allow_list): an event names the store, and whoever posts events is not trusted.
     """
     logger = get_run_logger()
     warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")
     artifact_store = Store(store, storage_options)
+    if deployment.id is not None:  # an event's trigger, or an API caller: the store must be allowed here
+        try:
+            check_allowed(artifact_store.location, allowed_entries())
+        except StoreNotAllowed as exc:
+            raise EvaluationInputError(str(exc)) from None
     plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
     options = stage_task_options(plan.request, f"evaluate {plan.label}")
     state = run_stage.with_options(**options)(plan.request, return_state=True)

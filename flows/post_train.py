@@ -15,7 +15,7 @@ from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec_text, topological_order
 from flows.stage_flow import submit_stage
-from flows.stage_requests import new_run_id, stage_request, state_error
+from flows.stage_requests import new_run_id, stage_parameters, stage_request, state_error
 from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
@@ -111,7 +111,8 @@ def run_one_stage(pipeline: PipelineSpec, request: StageRequest, artifact_store:
         result, cached = state.result(), state.name == "Cached"
     else:
         job_variables = {**pipeline.workers.job_variables, **stage_job_variables(request.orchestration)}
-        flow_run = submit_stage(pipeline.workers.deployment, request, job_variables, f"{request.run_id}-{stage.id}")
+        flow_run = submit_stage(pipeline.workers.deployment, stage_parameters(pipeline, request), job_variables,
+                                f"{request.run_id}-{stage.id}")
         result = cached_result(artifact_store, request.cache_key)
         if not flow_run.state.is_completed() or result is None:
             error = flow_run.state.message or flow_run.state.name

@@ -7,14 +7,14 @@ the field path (`stages[3].policy: unknown stage 'sftt'`).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from artifacts.store import StoreLocation, credential_keys
 from envs.loader import EnvConfig, make_env
+from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
 from tasks.config import Defaults, FieldError, Judge, SampledEval, SpecRuleError, SpecView
@@ -67,6 +67,8 @@ class PipelineSpec(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     evaluation: EvaluationConfig = EvaluationConfig()
     workers: WorkersConfig | None = None
+    # {spec path: (template, value)} of every string that named an environment variable
+    _filled: dict[tuple, tuple[str, str]] = PrivateAttr(default_factory=dict)
 
     def inputs_of(self, stage) -> list[tuple[str, str, str | tuple[str, ...]]]:
         """(field path, stage id, what it must produce) of every stage `stage` reads: its own
@@ -79,6 +81,17 @@ class PipelineSpec(BaseModel):
     def evaluation_envs(self) -> list[str]:
         return self.evaluation.envs or list(self.envs)
 
+    @property
+    def filled(self) -> dict[tuple, tuple[str, str]]:
+        return self._filled
+
+    def request_paths(self, stage) -> dict[tuple, tuple]:
+        """{spec path: where that part of the spec sits in `stage`'s request} (flows.placeholders)."""
+        position = next(i for i, s in enumerate(self.stages) if s.id == stage.id)
+        prefixes = {("stages", position): ("stage",), ("model",): ("model",), ("store",): ("store", "uri"),
+                    ("storage_options",): ("store", "options")}
+        return prefixes | {("envs", env_id): ("envs", env_id) for _, env_id in stage.env_refs()}
+
     def stage(self, stage_id: str):
         return next(s for s in self.stages if s.id == stage_id)
 
@@ -90,29 +103,6 @@ class PipelineSpec(BaseModel):
         """The stage's retries/timeouts/gpus: its own where set, the spec defaults otherwise."""
         own = {k: getattr(stage, k) for k in Defaults.model_fields if getattr(stage, k) is not None}
         return self.defaults.model_copy(update=own)
-
-
-_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _interpolate(value, path: str):
-    """Replace ${VAR} / ${VAR:-default} in strings from the process environment."""
-    if isinstance(value, dict):
-        return {k: _interpolate(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(match: re.Match) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise SpecError(f"{path}: environment variable {name} is not set")
-
-    return _ENV_VAR.sub(substitute, value)
 
 
 def _loc_to_path(loc: tuple, raw: dict) -> str:
@@ -162,11 +152,15 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
     evaluate a checkpoint: the stages that imported data have run)."""
     if not isinstance(raw, dict):
         raise SpecError(f"spec: expected a mapping at the top level, got {type(raw).__name__}")
-    raw = _interpolate(raw, "")
+    filled: dict[tuple, tuple[str, str]] = {}
     try:
+        raw = interpolate(raw, filled)
         spec = PipelineSpec.model_validate(raw)
+    except UnsetVariable as exc:
+        raise SpecError(str(exc)) from None
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, raw)) from None
+    spec._filled = filled
     _check_envs(spec)
     try:
         inline_env_stages(spec, Path(spec_dir) if spec_dir else None, read_sources)
@@ -204,7 +198,7 @@ def parse_spec_text(text: str, source: str = "spec", spec_dir: str | None = None
     back from the store share the result (keyed by the text, the values of the environment
     variables it names and `spec_dir`, which relative source paths resolve against). The spec is shared, so nobody may modify it (model_copy(update=...)
     makes a new one)."""
-    names = sorted({match.group(1) for match in _ENV_VAR.finditer(text)})
+    names = sorted({match.group(1) for match in ENV_VAR.finditer(text)})
     try:
         return _parse_text(text, tuple((name, os.environ.get(name)) for name in names), spec_dir, read_sources)
     except yaml.YAMLError as exc:

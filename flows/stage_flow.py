@@ -9,28 +9,34 @@ cache index, never from Prefect's result storage.
 
 from __future__ import annotations
 
+import os
+
 from prefect import flow
+
+from flows.placeholders import fill_placeholders
 
 from tasks.request import StageRequest
 from tasks.runtime.runner import run_stage, stage_task_options
 
 
 @flow(name="post-train-stage")
-def stage_flow(request: dict) -> dict[str, str]:
+def stage_flow(request: dict, placeholders: list[list] | None = None) -> dict[str, str]:
     """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store.
 
     `request` is a StageRequest as JSON, validated here by the worker's own code and the stage
     kinds installed on it: a typed flow parameter would make the deployment's schema pin the
     fields and kinds of whatever code ran `prefect deploy`, and the server would refuse every
-    stage once they drift."""
-    request = StageRequest.model_validate(request)
+    stage once they drift. `placeholders` are the paths in `request` that hold a `${VAR}` of the
+    spec, filled here from the worker's environment (flows.placeholders)."""
+    request = StageRequest.model_validate(fill_placeholders(request, placeholders or [], os.environ))
     state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
     return state.result()["outputs"]  # a cached stage's task returns its Completed("Cached") state itself
 
 
-def submit_stage(deployment: str, request: StageRequest, job_variables: dict, flow_run_name: str):
-    """Run the stage on a worker of `deployment`'s pool and wait; returns the finished flow run."""
+def submit_stage(deployment: str, parameters: dict, job_variables: dict, flow_run_name: str):
+    """Run the stage (`parameters`: flows.stage_requests.stage_parameters) on a worker of
+    `deployment`'s pool and wait; returns the finished flow run."""
     from prefect.deployments import run_deployment
 
-    return run_deployment(deployment, parameters={"request": request.model_dump(mode="json")},
+    return run_deployment(deployment, parameters=parameters,
                           job_variables=job_variables, flow_run_name=flow_run_name, poll_interval=2)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from artifacts.refs import hash_value
 from artifacts.store import StoreLocation
 from envs.loader import env_package
+from flows.placeholders import with_placeholders
 from flows.spec import PipelineSpec
 from models.loading import base_identity
 from tasks.request import Producer, StageRequest
@@ -39,6 +40,13 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
                         evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
                         sources=kept, code={path: source for code in carried.values() for path, source in code.items()})
+
+
+def stage_parameters(spec: PipelineSpec, request: StageRequest) -> dict:
+    """The parameters of the stage's flow run on a worker: the request as JSON with every value the
+    spec took from this process's environment put back as its `${VAR}` (the worker fills it)."""
+    payload, placed = with_placeholders(request.model_dump(mode="json"), spec.filled, spec.request_paths(request.stage))
+    return {"request": payload, "placeholders": placed}
 
 
 def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:

@@ -6,6 +6,7 @@ It decodes with the project's own engine, one request at a time, so a one-user-m
 gives exactly what in-process evaluation gives for that prompt. Besides OpenAI's parameters it
 accepts vLLM's `add_generation_prompt`, `continue_final_message` (continue the final assistant
 message: how a multi-turn context goes on after a tool's output) and `include_stop_str_in_output`.
+What it refuses (sizes, bounds, deadlines) and how it says so: models/serving_limits.py.
 """
 
 from __future__ import annotations
@@ -15,31 +16,37 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from models.config import ModelConfig
 from models.loading import ADAPTER_CONFIG, load_model, load_tokenizer
 from models.sampling import Generation, SamplingParams, generate_tokens
+from models.serving_limits import (
+    GREEDY_BELOW,
+    MAX_CONTENT_CHARS,
+    MAX_MESSAGES,
+    MAX_SEED,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    BodyLimit,
+    Limits,
+    ServingError,
+    add_error_handlers,
+    server_config,
+)
 
 SENTINEL = "\x00posttrain-final-message\x00"  # stands for the final message's content while rendering
-
-
-class ServingError(Exception):
-    """A request the server answers with an OpenAI-style error (status, message, type)."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str = Field(max_length=MAX_CONTENT_CHARS)
 
     @model_validator(mode="before")
     @classmethod
@@ -55,24 +62,37 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The chat-completion parameters the server honours; others a client sends are ignored."""
+    """The chat-completion parameters the server honours; others a client sends are ignored.
+    Each is bounded (models/serving_limits.py): a value out of range is a 400 naming the field,
+    never reduced into range; a temperature below GREEDY_BELOW (1e-5) decodes greedily, and a
+    token budget beyond the context window is clamped to it (`sampling`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: float | None = Field(None, ge=0, le=2)  # absent: OpenAI's default 1; 0: greedy
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)  # vLLM extension; 0 or -1: off
     max_tokens: int | None = Field(None, gt=0)
     max_completion_tokens: int | None = Field(None, gt=0)
     stop: str | list[str] | None = None
-    seed: int | None = None  # absent: seed 0, so the server is deterministic like the rest of the project
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # absent: seed 0, so the server is deterministic
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     include_stop_str_in_output: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _bounded_stop(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, not {len(stops)}")
+        if any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+        return stop
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -89,10 +109,13 @@ class ChatRequest(BaseModel):
         return tuple(s for s in stops if s)
 
     def sampling(self, room: int) -> SamplingParams:
-        """The engine's parameters; without a token budget the rest of the context window is it."""
-        budget = self.max_completion_tokens or self.max_tokens or room
+        """The engine's parameters. The token budget asked for is clamped to `room`, the rest of the
+        context window, which is also the budget when none is asked for (finish_reason "length"
+        says it ran out); a temperature below GREEDY_BELOW is greedy decoding."""
+        asked = self.max_completion_tokens or self.max_tokens
         temperature = 1.0 if self.temperature is None else self.temperature
-        return SamplingParams(budget, temperature or None, self.top_p, max(self.top_k, 0), self.stop_strings())
+        return SamplingParams(min(asked or room, room), temperature if temperature >= GREEDY_BELOW else None,
+                              self.top_p, max(self.top_k, 0), self.stop_strings())
 
 
 def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool) -> str:
@@ -123,14 +146,16 @@ def response_text(tokenizer, generation: Generation, stop: tuple[str, ...], incl
 
 
 class ServedModel:
-    """One loaded checkpoint and the lock that keeps the engine to one request at a time."""
+    """One loaded checkpoint and the lock that keeps the engine to one request at a time; a
+    request waits for it at most `queue_timeout` seconds."""
 
-    def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None):
+    def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None,
+                 queue_timeout: float = Limits.queue_timeout):
         self.name, self.created = name, int(time.time())
         self.tokenizer = load_tokenizer(folder)
         self.model = load_model(folder, model or model_config(folder)).eval()
         self.context = getattr(self.model.config, "max_position_embeddings", None)
-        self.lock = threading.Lock()
+        self.lock, self.queue_timeout = threading.Lock(), queue_timeout
 
     def card(self) -> dict:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "posttrain"}
@@ -138,12 +163,25 @@ class ServedModel:
     def check_name(self, name: str) -> None:
         if name != self.name:
             raise ServingError(404, f"The model `{name}` does not exist (this server serves `{self.name}`).",
-                               "NotFoundError", "model")
+                               param="model")
 
-    def complete(self, request: ChatRequest) -> dict:
-        """Decode a request (on a worker thread) and shape OpenAI's chat.completion answer."""
+    @contextmanager
+    def turn(self, since: float):
+        """The engine (and the tokenizer), once the requests ahead have finished; 503 once the
+        request has waited `queue_timeout` seconds since `since` (time.monotonic())."""
+        if not self.lock.acquire(timeout=max(since + self.queue_timeout - time.monotonic(), 0)):
+            raise ServingError(503, f"the server is busy: this request waited {self.queue_timeout:g} s for the "
+                                    "requests ahead of it; try again later", "server_error")
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def complete(self, request: ChatRequest, since: float | None = None) -> dict:
+        """Decode a request (on a worker thread) and shape OpenAI's chat.completion answer; `since`:
+        when it started waiting (default now), a wait for a worker thread included."""
         self.check_name(request.model)
-        with self.lock:  # the engine and the tokenizer serve one request at a time
+        with self.turn(time.monotonic() if since is None else since):
             prompt_ids = self._prompt_ids(request)
             params = request.sampling(self._room(len(prompt_ids)))
             copies = 1 if params.temperature is None else request.n  # greedy choices are all the same
@@ -167,7 +205,8 @@ class ServedModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _room(self, prompt_tokens: int) -> int:
-        """Tokens left in the context window after the prompt (the default budget)."""
+        """Tokens left in the context window after the prompt: the most a request decodes (256
+        when the model's config names no context)."""
         if self.context is None:
             return 256
         if prompt_tokens >= self.context:
@@ -185,28 +224,19 @@ def model_config(folder: str | Path) -> ModelConfig:
     return ModelConfig()
 
 
-def error_body(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = None):
+def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = None, limits: Limits | None = None):
     """The FastAPI app serving the checkpoint in `folder` as `model_name`, loaded with `model`
-    (the spec's model config: dtype, LoRA base) when known."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    (the spec's model config: dtype, LoRA base) when known, refusing what `limits` bounds;
+    `app.state` holds both (server_config reads the limits)."""
+    from fastapi import FastAPI
     from starlette.concurrency import run_in_threadpool
 
-    served = ServedModel(folder, model_name, model)
+    limits = limits or Limits()
+    served = ServedModel(folder, model_name, model, limits.queue_timeout)
     app = FastAPI(title=f"posttrain serve-model {model_name}")
-
-    @app.exception_handler(ServingError)
-    async def _serving_error(request: Request, exc: ServingError):
-        return JSONResponse(error_body(exc.status, exc.message, exc.kind, exc.param), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError):
-        return JSONResponse(error_body(400, validation_message(exc.errors())), status_code=400)
+    app.state.served, app.state.limits = served, limits
+    app.add_middleware(BodyLimit, limits=limits)
+    add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict:
@@ -223,19 +253,9 @@ def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = No
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatRequest) -> dict:
-        return await run_in_threadpool(served.complete, request)  # the event loop stays free
+        return await run_in_threadpool(served.complete, request, time.monotonic())  # the event loop stays free
 
     return app
-
-
-def validation_message(errors) -> str:
-    """The first problem of a request body in one line, `field: what is wrong`."""
-    first = errors[0]
-    if first["type"] == "json_invalid":
-        return "the request body is not valid JSON"
-    where = ".".join(str(part) for part in first["loc"] if part != "body")
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
 
 
 class ListenError(Exception):
@@ -255,12 +275,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(folder: str | Path, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          model: ModelConfig | None = None) -> None:
+          model: ModelConfig | None = None, limits: Limits | None = None) -> None:
     """Serve until interrupted. The line is printed once the socket listens, so a client that read
     it can connect; port 0 picks a free port (the line names it)."""
     import uvicorn
 
     sock = listening_socket(host, port)
-    app = make_app(folder, model_name, model)
+    app = make_app(folder, model_name, model, limits)
     print(f"serving {model_name} on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(server_config(app, app.state.limits)).run(sockets=[sock])

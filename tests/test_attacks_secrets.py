@@ -1,6 +1,8 @@
 """Secrets (issue 20, item 5, in part): an API key goes only to the endpoint whose config names its
 variable; OPENAI_API_KEY is never sent to whatever URL a spec or an event gives."""
 
+import pytest
+
 from tasks.common.endpoint_policy import EndpointPolicy
 from tasks.config import Judge
 
@@ -22,3 +24,52 @@ def test_eval_endpoint_with_an_unset_key_variable_is_one_line(tmp_path, capsys):
                  "--api-key-env", "POSTTRAIN_NO_SUCH_KEY"])
     assert code == 2
     assert capsys.readouterr().err == "error: --api-key-env: environment variable POSTTRAIN_NO_SUCH_KEY is not set\n"
+
+
+SPEC_WITH_VARIABLES = """
+name: t
+store: ${POSTTRAIN_TEST_STORE}
+storage_options: {endpoint_url: "${POSTTRAIN_TEST_S3}"}
+envs: {arith: {kind: arith, digits: "${POSTTRAIN_TEST_DIGITS}"}}
+stages:
+  - {id: w, kind: synthesize, env: arith, n: 2}
+  - {id: s, kind: sft, data: w, max_steps: 1}
+  - id: e
+    kind: evaluate
+    checkpoints: [s]
+    envs: [arith]
+    judge: {endpoint: "https://judge.example/t/${POSTTRAIN_TEST_TOKEN}/v1", model: j}
+"""
+
+
+def test_values_from_the_environment_travel_to_a_worker_as_placeholders(tmp_path, monkeypatch):
+    """A stage submitted to a worker carries `${VAR}`, never the value the orchestrator's
+    environment filled in; the worker's own environment fills it back."""
+    import copy
+    import json
+
+    from flows.placeholders import fill_placeholders
+    from flows.spec import parse_spec_text
+    from flows.stage_requests import stage_parameters, stage_request
+    from tasks.request import StageRequest
+
+    values = {"POSTTRAIN_TEST_STORE": f"file://{tmp_path}/store", "POSTTRAIN_TEST_S3": "http://127.0.0.1:9/s3-secret",
+              "POSTTRAIN_TEST_DIGITS": "2", "POSTTRAIN_TEST_TOKEN": "tok-s3cr3t"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    spec = parse_spec_text(SPEC_WITH_VARIABLES)
+    stage = spec.stage("e")
+    request = stage_request(spec, stage, {"s": "t/s@v1"}, store=spec.store_location(), run_id="t-1", spec_hash=None)
+    assert request.stage.judge.endpoint == "https://judge.example/t/tok-s3cr3t/v1"
+    parameters = json.loads(json.dumps(stage_parameters(spec, request)))  # what the Prefect API stores
+    text = json.dumps(parameters)
+    assert "tok-s3cr3t" not in text and "s3-secret" not in text
+    assert parameters["request"]["stage"]["judge"]["endpoint"] == "https://judge.example/t/${POSTTRAIN_TEST_TOKEN}/v1"
+    assert parameters["request"]["store"]["options"] == {"endpoint_url": "${POSTTRAIN_TEST_S3}"}
+    assert parameters["request"]["envs"]["arith"]["digits"] == 2  # validated into a number: not free text
+    assert parameters["request"]["store"]["uri"] == "${POSTTRAIN_TEST_STORE}"
+    with pytest.raises(ValueError, match=r"^stage\.judge\.endpoint: environment variable POSTTRAIN_TEST_TOKEN is not set$"):
+        fill_placeholders(copy.deepcopy(parameters["request"]), parameters["placeholders"],
+                          {name: value for name, value in values.items() if name != "POSTTRAIN_TEST_TOKEN"})
+    filled = fill_placeholders(parameters["request"], parameters["placeholders"], values)
+    assert StageRequest.model_validate(filled) == request

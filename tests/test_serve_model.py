@@ -44,14 +44,24 @@ def trained_checkpoint() -> Path:
 
 
 @contextmanager
-def running_server(folder: Path, name: str = NAME):
+def running_server(folder: Path, name: str = NAME, limits=None):
     """models.serving's app under uvicorn on a free port, in a background thread; yields its base URL."""
-    import uvicorn
-
     from models.serving import make_app
 
+    with running_app(make_app(folder, name, limits=limits)) as url:
+        yield url
+
+
+@contextmanager
+def running_app(app):
+    """An app of models.serving.make_app served as `posttrain serve-model` serves it (its limits,
+    the header deadline), in a background thread on a free port; yields its base URL."""
+    import uvicorn
+
+    from models.serving_limits import server_config
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(folder, name), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, app.state.limits, host="127.0.0.1", port=port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -210,6 +220,7 @@ def test_serve_model_input_errors_are_one_line(tmp_path):
 
     from artifacts.store import Store
     from flows.cli.serve_model import ServeModelInputError, serve_model
+    from models.serving_limits import Limits
 
     store = Store(f"file://{tmp_path / 'store'}")
     (tmp_path / "rows").mkdir()
@@ -233,6 +244,8 @@ def test_serve_model_input_errors_are_one_line(tmp_path):
             with pytest.raises(ServeModelInputError) as error:
                 serve_model(ref, uri, "127.0.0.1", port, None)
             assert str(error.value) == message
+    with pytest.raises(ServeModelInputError, match=r"^--queue-timeout: must be positive, not 0$"):
+        serve_model(checkpoint, store.uri, "127.0.0.1", 0, None, Limits(queue_timeout=0))
 
 
 def test_serve_model_loads_a_checkpoint_with_its_specs_model_config(tmp_path):

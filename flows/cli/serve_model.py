@@ -16,21 +16,24 @@ from artifacts.store import Store, StoreError, first_line
 from flows.cli.common import open_store, resolve_ref
 from flows.spec import SpecError, checkpoint_spec
 from models.config import ModelConfig
+from models.serving_limits import Limits
 
 
 class ServeModelInputError(Exception):
     """Bad input to serve-model (ref, store, port); str() is the one-line message."""
 
 
-def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None) -> int:
-    """Fetch the checkpoint and serve it until interrupted; exit code."""
+def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None,
+                limits: Limits | None = None) -> int:
+    """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds; exit code."""
     from models.serving import ListenError, serve
 
+    check_limits(limits or Limits())
     store = open_store(store_uri, error=ServeModelInputError)
     pinned = resolve_ref(store, ref, error=ServeModelInputError)
     folder, model = fetch_checkpoint(pinned, store)
     try:
-        serve(folder, name or str(pinned), host=host, port=port, model=model)
+        serve(folder, name or str(pinned), host=host, port=port, model=model, limits=limits)
     except ListenError as exc:
         raise ServeModelInputError(f"port: {exc}") from None
     return 0
@@ -52,3 +55,11 @@ def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
     except OSError as exc:  # a remote store that fails mid-copy
         raise ServeModelInputError(f"store: cannot read {ref} from {store.uri} ({type(exc).__name__}: "
                                    f"{first_line(exc)})") from None
+
+
+def check_limits(limits: Limits) -> None:
+    """Each limit is positive (a flag of zero would refuse every request)."""
+    for flag, value in (("--max-body-bytes", limits.max_body_bytes), ("--read-timeout", limits.read_timeout),
+                        ("--queue-timeout", limits.queue_timeout)):
+        if not value > 0:
+            raise ServeModelInputError(f"{flag}: must be positive, not {value}")

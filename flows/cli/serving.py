@@ -3,6 +3,8 @@ checkpoints behind an OpenAI-compatible API."""
 
 from __future__ import annotations
 
+import os
+
 from flows.cli.common import (
     DEFAULT_STORE,
     UserError,
@@ -58,20 +60,41 @@ def cmd_serve(args) -> int:
                         "(start one with `prefect server start`, then set PREFECT_API_URL=http://127.0.0.1:4200/api)")
     if args.cron and not args.spec:
         raise UserError("--cron: schedules a pipeline; name its spec with --spec")
+    allow_served_stores(args.spec, args.store)
     serve(args.spec, args.cron, args.store)
     return 0
 
 
+def allow_served_stores(spec_path: str | None, store: str | None) -> None:
+    """Triggered evaluations open only the stores POSTTRAIN_ALLOWED_STORES names (artifacts/allow_list.py):
+    the served pipeline's store joins them, for the flow runs this process starts."""
+    from artifacts.allow_list import VARIABLE, allowed_entries, entry_for
+    from artifacts.store import StoreLocation
+
+    entries = allowed_entries()
+    if spec_path:
+        spec, _ = open_spec(spec_path)
+        entries.append(entry_for(spec.store_location(store)))
+    elif store:
+        entries.append(entry_for(StoreLocation(uri=store)))
+    os.environ[VARIABLE] = " ".join(entries)
+    print(f"evaluations open only these stores ({VARIABLE}): {' '.join(entries) or 'none'}", flush=True)
+
+
 def cmd_serve_model(args) -> int:
     from flows.cli.serve_model import ServeModelInputError, serve_model
+    from models.serving_limits import Limits
 
+    limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout)
     try:
-        return serve_model(args.ref, args.store, args.host, args.port, args.name)
+        return serve_model(args.ref, args.store, args.host, args.port, args.name, limits)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 
 
 def add_serving_commands(commands) -> None:
+    from models.serving_limits import Limits
+
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
                                      "model behind an OpenAI-compatible endpoint")
     evaluation.add_argument("ref", nargs="?", help="a checkpoint, name@version or name@latest")
@@ -97,4 +120,10 @@ def add_serving_commands(commands) -> None:
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
     serve_model.add_argument("--store", default=DEFAULT_STORE)
+    serve_model.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes,
+                             help="largest request body accepted (default 1 MiB; larger: 413)")
+    serve_model.add_argument("--read-timeout", type=float, default=Limits.read_timeout,
+                             help="seconds a request's headers, then its body, may take to arrive (default 30)")
+    serve_model.add_argument("--queue-timeout", type=float, default=Limits.queue_timeout,
+                             help="seconds a request waits for the ones ahead of it before a 503 (default 60)")
     serve_model.set_defaults(func=cmd_serve_model)

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,23 @@ def start_logged(args: list, env: dict, log: Path) -> subprocess.Popen:
 
 def completed(api: str, flow_name: str) -> list[dict]:
     return [run for run in flow_runs(api, flow_name) if run["state_type"] == "COMPLETED"]
+
+
+def failed(api: str, flow_name: str) -> list[dict]:
+    return [run for run in flow_runs(api, flow_name) if run["state_type"] in ("FAILED", "CRASHED")]
+
+
+def forge_checkpoint_event(server: dict, checkpoint: str, store: Path, elsewhere: Path) -> Path:
+    """What anyone who can post events could send: the event of a real checkpoint, pointing at
+    another store (a copy of the real one, so only the allow-list stands in the way)."""
+    shutil.copytree(store, elsewhere)
+    event = {"event": "posttrain.checkpoint.created",
+             "resource": {"prefect.resource.id": f"posttrain.checkpoint.{checkpoint}", "posttrain.evaluate": "true"},
+             "payload": {"ref": checkpoint, "store": f"file://{elsewhere}", "storage_options": {},
+                         "pipeline": "tiny", "stage": "sft", "step": None}}
+    code = f"from prefect.events import emit_event; emit_event(**{event!r})"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, **server}, check=True, timeout=120)
+    return elsewhere
 
 
 def eval_results(store: Path, checkpoint: str) -> list[str]:
@@ -57,7 +76,8 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as server:
         api = server["PREFECT_API_URL"]
-        serve = start_logged([POSTTRAIN, "serve"], server, tmp_path / "serve.log")
+        serve = start_logged([POSTTRAIN, "serve"], {**server, "POSTTRAIN_ALLOWED_STORES": f"file://{store}"},
+                             tmp_path / "serve.log")
         try:
             wait_until(lambda: deployment(api, "evaluate", "evaluate-on-checkpoint") and automations(api), 180,
                        lambda: f"not served: {(tmp_path / 'serve.log').read_text()[-3000:]}")
@@ -70,15 +90,24 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
             wait_until(lambda: len(completed(api, "evaluate")) >= 3, 600,
                        lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
                                f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+            forged = forge_checkpoint_event(server, sft["outputs"]["checkpoint"], store, tmp_path / "elsewhere")
+            copied = sorted(forged.rglob("*"))
+            wait_until(lambda: failed(api, "evaluate"), 300,
+                       lambda: f"forged event: {(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
         finally:
             stop_when_idle(serve)
+        # an event naming a store the server does not allow (a copy of the real one) evaluates nothing
+        [refused] = failed(api, "evaluate")
+        assert refused["parameters"]["store"] == f"file://{forged}"
+        assert f"store: file://{forged} is not in POSTTRAIN_ALLOWED_STORES" in refused["state"]["message"]
+        assert sorted(forged.rglob("*")) == copied  # nothing read into it, nothing written
         created = events(api, "posttrain.checkpoint.created")
         assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
-            sorted(f"posttrain.checkpoint.{ref}" for ref in checkpoints)
+            sorted(f"posttrain.checkpoint.{ref}" for ref in [*checkpoints, sft["outputs"]["checkpoint"]])
         assert {(e["payload"]["store"], e["payload"]["pipeline"], e["payload"]["stage"]) for e in created} == \
-            {(f"file://{store}", "tiny", "sft")}
-        assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 4, 8]
-        runs = flow_runs(api, "evaluate")
+            {(f"file://{store}", "tiny", "sft"), (f"file://{forged}", "tiny", "sft")}
+        assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 0, 4, 8]
+        runs = [run for run in flow_runs(api, "evaluate") if run["id"] != refused["id"]]
         assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), \
             (tmp_path / "serve.log").read_text()[-4000:]
         assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
@@ -98,9 +127,11 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100, "gpus": 1}, evaluation=EVALUATION,
                      workers={"deployment": "post-train-stage/post-train-stage"})
     spec["stages"] = spec["stages"][:2]
+    spec["model"]["base"] = "${POSTTRAIN_TEST_BASE}"  # filled on the worker, not in the flow run's parameters
     path = write(tmp_path, spec)
-    with prefect_server(tmp_path / "prefect") as server:
-        api = server["PREFECT_API_URL"]
+    with prefect_server(tmp_path / "prefect") as prefect_env:
+        api = prefect_env["PREFECT_API_URL"]
+        server = {**prefect_env, "POSTTRAIN_TEST_BASE": "tiny-llama", "POSTTRAIN_ALLOWED_STORES": f"file://{store}"}
         env = {**os.environ, **server}
         for command in (["work-pool", "create", "gpu-box", "--type", "process"], ["gcl", "create", "gpu", "--limit", "1"]):
             subprocess.run([PREFECT, *command], env=env, check=True, capture_output=True, timeout=120)
@@ -125,6 +156,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         stages = completed(api, "post-train-stage")
         assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
+        assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
         # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
         assert [e["resource"]["prefect.resource.name"] for e in events(api, "prefect.concurrency-limit.acquired")] \
             == ["gpu"]
