@@ -157,6 +157,8 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
         assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
+        [pipeline_run] = flow_runs(api, "post-train")
+        assert "base: ${POSTTRAIN_TEST_BASE}" in pipeline_run["parameters"]["spec_text"]
         # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
         assert [e["resource"]["prefect.resource.name"] for e in events(api, "prefect.concurrency-limit.acquired")] \
             == ["gpu"]
