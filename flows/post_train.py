@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from prefect import flow, get_run_logger
 from prefect.settings import PREFECT_API_URL
@@ -19,8 +21,10 @@ from flows.stage_requests import new_run_id, stage_parameters, stage_request, st
 from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
+from tasks.runtime.live import read_progress
 from tasks.runtime.runner import run_stage, stage_task_options
 
+WATCH_SECONDS = 2.0  # how often the flow looks at a running stage's progress
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
 
@@ -77,7 +81,7 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
         request = stage_request(pipeline, stage, {dep: output_of[dep] for dep in deps}, store=location,
                                 run_id=run_id, spec_hash=spec_hash)
         stage_began = time.monotonic()
-        record = run_one_stage(pipeline, request, artifact_store)
+        record = run_one_stage(pipeline, request, artifact_store, Watch(artifact_store, summary, stage.id))
         if record["state"] != "failed":
             output_of[stage.id] = record["outputs"][type(stage).primary]
             logger.info(f"{stage.id}: {record['state']} -> {', '.join(record['outputs'].values())}")
@@ -89,30 +93,62 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
             summary["evaluations"] += [evaluate_inline(ref, location) for ref in record["new_checkpoints"]]
         record["seconds"] = round(time.monotonic() - stage_began, 3)
         summary["stages"].append(record)
-        artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)
+        write_summary(artifact_store, summary)
     failed = [s["id"] for s in summary["stages"] if s["state"] == "failed"]
     summary.update(state="failed" if failed else "completed", finished=now_iso(),
                    seconds=round(time.monotonic() - began, 3))
-    artifact_store.write_json(artifact_store.path("runs", f"{run_id}.json"), summary)
+    write_summary(artifact_store, summary)
     if failed:
         return Failed(message=f"stages failed: {', '.join(failed)}", data=summary)
     return summary
 
 
-def run_one_stage(pipeline: PipelineSpec, request: StageRequest, artifact_store: Store) -> dict:
-    """Run a stage here or on a worker (`workers.deployment`); returns its summary record, with the
-    checkpoints it committed in this run under `new_checkpoints`."""
+class Watch:
+    """While a stage runs, its progress (tasks/runtime/live.py) in the run summary's `running`; the
+    flow is the summary's only writer."""
+
+    def __init__(self, store: Store, summary: dict, stage_id: str):
+        self.store, self.summary, self.stage_id, self.shown = store, summary, stage_id, None
+
+    def until(self, done) -> None:
+        """Poll until `done(timeout)` says the stage ended (it waits up to `timeout` seconds itself)."""
+        try:
+            while not done(WATCH_SECONDS):
+                progress = read_progress(self.store, self.summary["run_id"], self.stage_id)
+                if progress is not None and progress != self.shown:
+                    self.shown = progress
+                    self.summary.setdefault("running", {})[self.stage_id] = progress
+                    write_summary(self.store, self.summary)
+        finally:
+            self.summary.get("running", {}).pop(self.stage_id, None)
+            if not self.summary.get("running"):
+                self.summary.pop("running", None)
+
+
+def write_summary(store: Store, summary: dict) -> None:
+    store.write_json(store.path("runs", f"{summary['run_id']}.json"), summary)
+
+
+def run_one_stage(pipeline: PipelineSpec, request: StageRequest, artifact_store: Store, watch: Watch) -> dict:
+    """Run a stage here or on a worker (`workers.deployment`), showing its progress through `watch`;
+    returns its summary record, with the checkpoints it committed in this run under `new_checkpoints`."""
     stage = request.stage
     record = {"id": stage.id, "kind": stage.kind, "cache_key": request.cache_key, "new_checkpoints": []}
     if pipeline.workers is None:
-        state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
+        future = run_stage.with_options(**stage_task_options(request)).submit(request)
+        watch.until(lambda timeout: wait([future.wrapped_future], timeout).done)
+        future.wait()  # keeps the final state in memory: the API's copy holds no result to read
+        state = future.state
         if not state.is_completed():
             return {**record, "state": "failed", "outputs": {}, "metrics": {}, "error": state_error(state)}
         result, cached = state.result(), state.name == "Cached"
     else:
         job_variables = {**pipeline.workers.job_variables, **stage_job_variables(request.orchestration)}
-        flow_run = submit_stage(pipeline.workers.deployment, stage_parameters(pipeline, request), job_variables,
-                                f"{request.run_id}-{stage.id}")
+        with ThreadPoolExecutor(1) as pool:  # the flow run's context goes along: the stage's run is its child
+            submitted = pool.submit(contextvars.copy_context().run, submit_stage, pipeline.workers.deployment,
+                                    stage_parameters(pipeline, request), job_variables, f"{request.run_id}-{stage.id}")
+            watch.until(lambda timeout: wait([submitted], timeout).done)
+            flow_run = submitted.result()
         result = cached_result(artifact_store, request.cache_key)
         if not flow_run.state.is_completed() or result is None:
             error = flow_run.state.message or flow_run.state.name

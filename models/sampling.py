@@ -66,8 +66,9 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 
 def generate_tokens(model, tokenizer, prompts: list[list[int]], params: SamplingParams, *, batch_size: int = 64,
-                    seed: int = 0) -> list[Generation]:
-    """Complete each prompt (token ids in), `batch_size` prompts at a time."""
+                    seed: int = 0, on_batch=None) -> list[Generation]:
+    """Complete each prompt (token ids in), `batch_size` prompts at a time; `on_batch(done)` after
+    each batch, with the number of prompts completed so far."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -75,6 +76,8 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], params: Sampling
     results: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
         results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params, generator)
+        if on_batch is not None:
+            on_batch(len(results))
     return results
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint events as the runner builds them, and the announcements a stage's child writes."""
+"""Checkpoint events as the runner builds them, and the messages a stage's child writes."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ from models.config import ModelConfig
 from tasks.config import Defaults
 from tasks.request import Producer, StageRequest
 from tasks.runtime.events import checkpoint_event
-from tasks.runtime.runner import Announcements
+from tasks.runtime.runner import ChildMessages
 from tasks.stages.rl import RlStage
 
 REQUEST = StageRequest(
@@ -36,7 +36,9 @@ def test_checkpoint_event_names_the_checkpoint_and_carries_what_an_evaluation_ne
 
 def test_announcements_are_read_as_they_come_and_a_half_written_line_waits(tmp_path: Path):
     seen = []
-    announcements = Announcements(tmp_path / "checkpoints.jsonl", lambda ref, step: seen.append((ref, step)))
+    progress = []
+    announcements = ChildMessages(tmp_path / "messages.jsonl", lambda ref, step: seen.append((ref, step)),
+                                  progress.append)
     announcements.drain()  # no file yet
     with open(announcements.path, "a") as handle:
         handle.write('{"ref": "p/s.step-2@aa", "stage": "s", "step": 2}\n{"ref": "p/s@b')
@@ -47,3 +49,8 @@ def test_announcements_are_read_as_they_come_and_a_half_written_line_waits(tmp_p
     announcements.drain()
     announcements.drain()
     assert seen == [("p/s.step-2@aa", 2), ("p/s@bb", None)] and announcements.refs == ["p/s.step-2@aa", "p/s@bb"]
+    with open(announcements.path, "a") as handle:
+        handle.write('{"progress": {"step": 3, "total": 9, "eta_seconds": 6.0, "metrics": {}}}\n'
+                     '{"log": "[s] outside a task run: not relayed", "level": "INFO"}\n')
+    announcements.drain()
+    assert progress == [{"step": 3, "total": 9, "eta_seconds": 6.0, "metrics": {}}] and len(seen) == 2

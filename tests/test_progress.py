@@ -79,3 +79,50 @@ def test_close_ends_a_line_left_open():
     progress.close()
     progress.close()
     assert stream.getvalue().endswith("\n") and stream.getvalue().count("\n") == 1
+
+
+def test_every_update_reaches_the_orchestrator_with_its_eta_and_the_logged_lines(tmp_path):
+    """Progress -> StageContext.report_progress -> the child's message file the runner reads: the
+    full lines a log keeps, and {step, total, eta_seconds, metrics} at most every PROGRESS_SECONDS."""
+    import json
+
+    from tasks.common.context import StageContext
+
+    clock = Clock()
+    ctx = StageContext(store=None, pipeline="p", run_id="r", stage_id="sft", cache_key="0" * 32, model=None,
+                       envs={}, inputs={}, workdir=tmp_path, announce_path=tmp_path / "messages.jsonl")
+    progress = Progress(4, 0, "sft", stream=io.StringIO(), log_every=2, clock=clock, on_update=ctx.report_progress)
+    for step in range(1, 5):
+        clock.now += 3.0
+        progress.update(step, loss=0.5, note="x")
+    ctx.log("done", level="WARNING")
+    messages = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
+    reports = [m["progress"] for m in messages if "progress" in m]
+    logs = [(m["level"], m["log"]) for m in messages if "log" in m]
+    assert [r["step"] for r in reports] == [1, 4]  # PROGRESS_SECONDS apart in real time, and the last
+    assert reports[0] == {"step": 1, "total": 4, "eta_seconds": 9.0, "metrics": {"loss": 0.5}}
+    assert reports[-1]["eta_seconds"] == 0.0
+    assert [line.split(" [")[0] for _, line in logs[:2]] == ["[sft] step 2/4", "[sft] step 4/4"]
+    assert logs[-1] == ("WARNING", "[sft] done")
+
+
+def test_progress_reports_are_throttled_but_the_last_step_always_goes(tmp_path):
+    import json
+
+    from tasks.common.context import StageContext
+
+    ctx = StageContext(store=None, pipeline="p", run_id="r", stage_id="s", cache_key="0" * 32, model=None,
+                       envs={}, inputs={}, workdir=tmp_path, announce_path=tmp_path / "m.jsonl")
+    for step in range(1, 101):  # far faster than PROGRESS_SECONDS
+        ctx.report_progress({"step": step, "total": 100, "eta_seconds": None, "metrics": {}, "line": None})
+    steps = [json.loads(line)["progress"]["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert steps == [1, 100]
+
+
+def test_status_shows_a_running_stage_with_its_step_and_eta(capsys):
+    from flows.cli.report import print_stage_table
+
+    print_stage_table({"stages": [], "running": {"sft": {"step": 40, "total": 120, "eta_seconds": 65.0}},
+                       "not_run": []})
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["sft", "running", "step", "40/120", "(33%),",
+                                                                "ETA", "1m05s"]

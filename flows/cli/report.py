@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flows.spec import PipelineSpec, topological_order
+from tasks.common.progress import format_duration
 from tasks.kinds import produces
 
 
@@ -39,8 +40,17 @@ def print_stage_table(summary: dict) -> None:
         print(f"{stage['id']:<14} {stage['kind']:<11} {stage['state']:<10} {stage['seconds']:>8.1f}  {outputs}")
         if stage.get("error"):
             print(f"{'':<14} error: {stage['error']}")
+    for stage_id, progress in summary.get("running", {}).items():
+        print(f"{stage_id:<14} {'':<11} {'running':<10} {'':>8}  {running_line(progress)}")
     for stage_id in summary.get("not_run", []):
         print(f"{stage_id:<14} {'':<11} {'not run':<10}  (an input stage failed)")
+
+
+def running_line(progress: dict) -> str:
+    """`step 40/120 (33%), ETA 1m05s` of a running stage."""
+    step, total, eta = progress.get("step"), progress.get("total"), progress.get("eta_seconds")
+    line = f"step {step}/{total}" + (f" ({step / total:.0%})" if isinstance(step, int) and total else "")
+    return line + (f", ETA {format_duration(eta)}" if isinstance(eta, (int, float)) else "")
 
 
 def print_run_report(summary: dict) -> None:
@@ -97,6 +107,7 @@ def print_run_list(store, evaluations_of) -> None:
     evaluated = {pipeline: evaluations_of(pipeline) for pipeline in {s["pipeline"] for s in recent}}
     print(f"{'run id':<40} {'state':<10} {'started':<26} stages")
     for summary in recent:
-        states = " ".join(f"{s['id']}={s['state']}" for s in summary["stages"])
+        states = " ".join([*(f"{s['id']}={s['state']}" for s in summary["stages"]),
+                           *(f"{stage_id}=running({running_line(p)})" for stage_id, p in summary.get("running", {}).items())])
         print(f"{summary['run_id']:<40} {summary['state']:<10} {summary['started']:<26} {states}")
         print_evaluations([row for row in evaluated[summary["pipeline"]] if row["run_id"] == summary["run_id"]])

@@ -14,6 +14,8 @@ from artifacts.store import Store
 from data_contracts.config import ContractParams
 from models.config import ModelConfig
 
+PROGRESS_SECONDS = 2.0  # how often a running stage tells the orchestrator its progress
+
 
 @dataclass
 class StageOutput:
@@ -42,13 +44,33 @@ class StageContext:
     announce_path: Path | None = None  # where new checkpoints are announced to the orchestrator, one JSON line each
     sources: dict = field(default_factory=dict)  # what the orchestrator kept of the stage's outside data (request.sources)
     started: float = field(default_factory=time.monotonic)
+    _told_progress: float = field(default=float("-inf"), repr=False)
 
     def __post_init__(self):
         self.output_name = self.output_name or f"{self.pipeline}/{self.stage_id}"
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, level: str = "INFO") -> None:
+        """A line on this process's stdout and, through the orchestrator, in the stage's task run
+        logs in Prefect (`level`: a logging level name)."""
         if self.is_main:  # a multi-GPU stage's other processes do the same work: one log is enough
-            print(f"[{self.stage_id}] {message}", file=sys.stdout, flush=True)
+            line = f"[{self.stage_id}] {message}"
+            print(line, file=sys.stdout, flush=True)
+            self._tell({"log": line, "level": level})
+
+    def report_progress(self, progress: dict) -> None:
+        """A Progress update (tasks/common/progress.py) for the orchestrator: its line, when it is one
+        a log keeps, to the task run's logs; {step, total, eta_seconds, metrics} for the run summary's
+        `running` and a Prefect progress artifact, at most once every PROGRESS_SECONDS (and the last)."""
+        if not self.is_main:
+            return
+        progress = dict(progress)
+        line = progress.pop("line", None)
+        if line:
+            self._tell({"log": line, "level": "INFO"})
+        now = time.monotonic()
+        if now - self._told_progress >= PROGRESS_SECONDS or progress["step"] >= progress["total"]:
+            self._told_progress = now
+            self._tell({"progress": progress})
 
     @property
     def is_main(self) -> bool:
@@ -58,9 +80,13 @@ class StageContext:
 
     def announce_checkpoint(self, ref: str, step: int | None = None) -> None:
         """Tell the orchestrator a checkpoint was committed (it emits the checkpoint event at once)."""
+        self._tell({"ref": ref, "stage": self.stage_id, "step": step})
+
+    def _tell(self, message: dict) -> None:
+        """One JSON line to the orchestrator (tasks/runtime/runner.py reads them as they come)."""
         if self.announce_path is not None:
             with open(self.announce_path, "a") as handle:
-                handle.write(json.dumps({"ref": ref, "stage": self.stage_id, "step": step}) + "\n")
+                handle.write(json.dumps(message) + "\n")
 
     def env(self, env_id: str):
         """The environment `env_id` of the spec, ready to play: a dataset env gets the rows of its

@@ -1,4 +1,5 @@
-"""A terminal progress line for training loops.
+"""A terminal progress line for a stage's loop (training steps, generation and evaluation batches),
+also handed to a callback (the orchestrator's live progress: StageContext.report_progress).
 
 On a terminal the line is redrawn in place every step; anywhere else (CI, a stage's child
 process piped into the parent's log) a full line is printed every `log_every` steps and on the
@@ -17,8 +18,11 @@ class Progress:
     """Progress of steps `start + 1 .. total`; a resumed stage passes the step it resumed from."""
 
     def __init__(self, total: int, start: int, label: str, stream=None, log_every: int = 25,
-                 clock=time.monotonic):
+                 clock=time.monotonic, on_update=None):
         self.total, self.start, self.label = max(1, total), start, label
+        # called at every update with {step, total, eta_seconds, metrics, line}; `line` is the full
+        # line every `log_every` steps and on the last (what a log keeps), else None
+        self.on_update = on_update
         self.stream = stream if stream is not None else sys.stdout
         self.log_every = max(1, log_every)
         self.clock = clock
@@ -35,6 +39,13 @@ class Progress:
         elif step % self.log_every == 0 or step >= self.total:
             self.stream.write(line + "\n")
         self.stream.flush()
+        if self.on_update is not None:
+            eta = self.eta_seconds(step)
+            logged = step % self.log_every == 0 or step >= self.total
+            self.on_update({"step": step, "total": self.total, "eta_seconds": None if eta is None else round(eta, 1),
+                            "metrics": {name: value for name, value in metrics.items()
+                                        if isinstance(value, (int, float)) and not isinstance(value, bool)},
+                            "line": line if logged else None})
 
     def close(self) -> None:
         """End a redrawn line that the last step did not end (a loop left early)."""
@@ -51,15 +62,22 @@ class Progress:
         parts += [f"{name} {format_metric(value)}" for name, value in metrics.items()]
         return " ".join(parts) + " | " + self.speed_and_eta(step)
 
-    def speed_and_eta(self, step: int) -> str:
+    def seconds_per_step(self, step: int) -> float | None:
         # Only steps done in this process count: a resumed stage's earlier steps took no time here.
         done_here = step - self.start
         elapsed = self.clock() - self.began
-        if done_here <= 0 or elapsed <= 0:
+        return elapsed / done_here if done_here > 0 and elapsed > 0 else None
+
+    def eta_seconds(self, step: int) -> float | None:
+        per_step = self.seconds_per_step(step)
+        return None if per_step is None else per_step * max(0, self.total - step)
+
+    def speed_and_eta(self, step: int) -> str:
+        per_step = self.seconds_per_step(step)
+        if per_step is None:
             return "ETA ?"
-        seconds_per_step = elapsed / done_here
-        speed = f"{seconds_per_step:.1f} s/it" if seconds_per_step >= 1 else f"{1 / seconds_per_step:.1f} it/s"
-        return f"{speed} ETA {format_duration(seconds_per_step * max(0, self.total - step))}"
+        speed = f"{per_step:.1f} s/it" if per_step >= 1 else f"{1 / per_step:.1f} it/s"
+        return f"{speed} ETA {format_duration(self.eta_seconds(step))}"
 
 
 def format_duration(seconds: float) -> str:

@@ -118,14 +118,16 @@ class ScriptedPolicy:
         return self.respond(prompt)
 
 
-def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0) -> list[Trajectory]:
-    """Play one episode of `env` per task (repeat a task for a group); returns their trajectories."""
+def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0,
+             on_finished=None) -> list[Trajectory]:
+    """Play one episode of `env` per task (repeat a task for a group); returns their trajectories.
+    `on_finished(done)` after each turn, with the number of episodes over so far."""
     params = replace(params, stop=tuple(env.action_stop))
     sub_params = replace(params, temperature=None)  # an episode's own model calls decode greedily
     episodes = [env.start(task, lambda prompt: policy.complete(prompt, sub_params)) for task in tasks]
     trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt)) for task in tasks]
     try:
-        _play(policy, tokenizer, env, episodes, trajectories, params, seed)
+        _play(policy, tokenizer, env, episodes, trajectories, params, seed, on_finished or (lambda done: None))
     finally:  # graded and released even when a turn raised: a sandbox is never left behind
         outcomes = [episode.finish() for episode in episodes]
     for trajectory, outcome in zip(trajectories, outcomes):
@@ -133,7 +135,8 @@ def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, 
     return trajectories
 
 
-def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams, seed: int) -> None:
+def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams, seed: int,
+          on_finished) -> None:
     """Every turn: one batch of actions from the running episodes, and the env's answer to each."""
     contexts = [Context(t.prompt_ids, t.task.prompt, len(t.prompt_ids)) for t in trajectories]
     running = list(range(len(trajectories)))
@@ -162,6 +165,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
                     else contexts[i].extended(gen.token_ids + observation_ids)
                 still_running.append(i)
         running = still_running
+        on_finished(len(trajectories) - len(running))
         if not running:
             return
 

@@ -188,6 +188,7 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     if accelerator.num_processes > 1 and ctx.is_main:
         ctx.log(f"{accelerator.num_processes} processes ({accelerator.distributed_type.value}), each on its "
                 "share of every batch")
-    training.progress = Progress(steps, training.start, ctx.stage_id, log_every=LOG_EVERY)
+    training.progress = Progress(steps, training.start, ctx.stage_id, log_every=LOG_EVERY,
+                                 on_update=ctx.report_progress)
     model.train()
     return training

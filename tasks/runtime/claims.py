@@ -5,7 +5,10 @@ worker) would otherwise train the same stage twice, sharing and clearing one scr
 (`scratch/<cache key>/`). The first to create `claims/<cache key>/<n>.json` runs the stage; the
 others wait for its cache entry and take its result, or take over once its claim is released
 without a result (it failed) or is stale (its process is gone, or its heartbeat stopped).
-A takeover creates claim n+1 (create-only too), so two waiters never both win.
+A takeover creates claim n+1 (create-only too), so two waiters never both win. One narrow race
+is left: a holder presumed dead (no heartbeat from another host) that was only slow may still
+finish and release while the waiter that took over runs; both then commit the same content
+(commits are idempotent), and the scratch folder is shared only in that case.
 """
 
 from __future__ import annotations

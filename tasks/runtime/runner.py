@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +23,25 @@ from tasks.runtime.cache import cache_path, cached_result
 from tasks.runtime.claims import Claim, ClaimTimeout, claim_stage
 from tasks.runtime.events import emit_checkpoint_created
 from tasks.runtime.launch import start_child
+from tasks.runtime.live import LiveProgress
 
 ANNOUNCE_POLL_SECONDS = 0.5
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _stage_logs() -> logging.Logger:
+    """The logger relayed stage lines go through: only to the Prefect API, never the console."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("posttrain.stage")
+    if not logger.handlers:
+        logger.addHandler(APILogHandler())
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+    return logger
+
+
+STAGE_LOGS = _stage_logs()
 GPU_LIMIT = "gpu"  # the global concurrency limit capping GPU slots (`prefect gcl create gpu --limit N`)
 # The stage's own timeout kills its child process and names the stage; Prefect's task timeout
 # is a backstop a little later (it also covers the cache lookup and the commit).
@@ -42,11 +60,14 @@ def retry_unless_contract_failed(task, task_run, state) -> bool:
     return not isinstance(state.data, ContractFailed)
 
 
-class Announcements:
-    """The checkpoints a running child announced (one JSON line each), read as they come."""
+class ChildMessages:
+    """What a running child tells the orchestrator, one JSON line each (StageContext._tell), read
+    as it comes: committed checkpoints (`on_checkpoint(ref, step)`), log lines (relayed to the task
+    run's logs in Prefect) and progress (`on_progress(progress)`)."""
 
-    def __init__(self, path: Path, on_checkpoint: Callable[[str, int | None], None]):
-        self.path, self.on_checkpoint, self.offset, self.refs = path, on_checkpoint, 0, []
+    def __init__(self, path: Path, on_checkpoint: Callable[[str, int | None], None],
+                 on_progress: Callable[[dict], None] = lambda progress: None):
+        self.path, self.on_checkpoint, self.on_progress, self.offset, self.refs = path, on_checkpoint, on_progress, 0, []
 
     def drain(self) -> None:
         if not self.path.exists():
@@ -57,20 +78,38 @@ class Announcements:
                 if not line.endswith("\n"):
                     break  # half-written: read it next time
                 self.offset += len(line)
-                entry = json.loads(line)
-                self.refs.append(entry["ref"])
-                self.on_checkpoint(entry["ref"], entry["step"])
+                self.handle(json.loads(line))
+
+    def handle(self, message: dict) -> None:
+        if "ref" in message:
+            self.refs.append(message["ref"])
+            self.on_checkpoint(message["ref"], message["step"])
+        elif "log" in message:
+            relay_log(message["log"], message["level"])
+        elif "progress" in message:
+            self.on_progress(message["progress"])
 
 
-def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, heartbeat=lambda: None) -> dict:
+def relay_log(line: str, level: str) -> None:
+    """A stage's log line into its task run's logs in the Prefect API (not the console: the child
+    printed it there itself). Outside a task run there is nowhere to send it."""
+    from prefect.context import TaskRunContext
+
+    if TaskRunContext.get() is not None:
+        STAGE_LOGS.log(logging.getLevelName(level) if level in LEVELS else logging.INFO, line)
+
+
+def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, heartbeat=lambda: None,
+                 on_progress=lambda progress: None) -> dict:
     """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
     `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
-    result lists them. `heartbeat()` is called at every poll."""
+    result lists them. `heartbeat()` is called at every poll, `on_progress(progress)` as the child
+    reports it."""
     timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        announcements = Announcements(Path(tmp) / "checkpoints.jsonl", on_checkpoint)
-        request = request.model_copy(update={"announce_path": str(announcements.path)})
+        messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress)
+        request = request.model_copy(update={"announce_path": str(messages.path)})
         request_path.write_text(request.model_dump_json())
         process = start_child(request.orchestration.gpus, request_path, result_path)
         deadline = time.monotonic() + timeout
@@ -78,19 +117,19 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, he
             while process.poll() is None:
                 if time.monotonic() > deadline:
                     raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
-                announcements.drain()
+                messages.drain()
                 heartbeat()
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
             if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
                 process.kill()
-            announcements.drain()
+            messages.drain()
         if not result_path.exists():
             raise StageFailed(f"stage {stage_id!r} died (exit code {process.poll()})")
         result = json.loads(result_path.read_text())
     if "error" in result:
         raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
-    return {**result, "checkpoints": announcements.refs}
+    return {**result, "checkpoints": messages.refs}
 
 
 def gpu_slots(gpus: int):
@@ -130,12 +169,14 @@ def run_stage(request: StageRequest):
         raise StageFailed(f"stage {request.stage.id!r}: {exc}") from None
     if not isinstance(claim, Claim):
         return Completed(name="Cached", data=claim, message=f"outputs already committed: {claim['outputs']}")
+    live = LiveProgress(store, request.run_id, request.stage.id)
     try:
         with gpu_slots(request.orchestration.gpus):
             result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
-                                  heartbeat=claim.heartbeat)
+                                  heartbeat=claim.heartbeat, on_progress=live)
         store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
                                                                 **result})
     finally:
+        live.close()
         claim.release()
     return result

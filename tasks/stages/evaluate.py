@@ -24,6 +24,7 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.eval_report import write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
+from tasks.common.progress import Progress
 from tasks.common.rollouts import LocalPolicy, roll_out
 from tasks.config import Judge, SampledEval, StageBase
 
@@ -119,6 +120,8 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str) ->
 def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     rows, metrics = [], {}
+    progress = Progress(len(stage.checkpoints) * len(stage.envs), 0, ctx.stage_id, log_every=1,
+                        on_update=ctx.report_progress)  # a step: one checkpoint on one env
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
         model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
@@ -131,6 +134,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
+            progress.update(sum(len(done) for done in metrics.values()))
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
     report_dir = ctx.workdir / "report"

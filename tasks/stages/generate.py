@@ -21,6 +21,7 @@ from models.loading import context_length, load_model, load_tokenizer, set_threa
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
+from tasks.common.progress import Progress
 from tasks.common.rollouts import LocalPolicy, roll_out
 from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
 
@@ -73,13 +74,15 @@ class GenerateStage(StageBase):
                                             "per prompt")
 
 
-def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage) -> list[list]:
-    """For each prompt: its sampled completions, then its greedy ones."""
+def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage,
+                report=lambda done: None) -> list[list]:
+    """For each prompt: its sampled completions, then its greedy ones; `report(done)` as batches end."""
     sampled = generate_tokens(model, tokenizer, [p for p in prompt_ids for _ in range(stage.samples)],
                               SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
-                              batch_size=stage.batch_size, seed=stage.seed) if stage.samples else []
+                              batch_size=stage.batch_size, seed=stage.seed, on_batch=report) if stage.samples else []
     greedy = generate_tokens(model, tokenizer, prompt_ids, SamplingParams(stage.max_tokens),
-                             batch_size=stage.batch_size) if stage.greedy else []
+                             batch_size=stage.batch_size, on_batch=lambda done: report(len(sampled) + done)) \
+        if stage.greedy else []
     return [sampled[i * stage.samples:(i + 1) * stage.samples] + ([greedy[i]] * stage.greedy if greedy else [])
             for i in range(len(prompt_ids))]
 
@@ -100,14 +103,18 @@ def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector:
     return rows
 
 
-def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: DoomLoopDetector) -> list[dict]:
+def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: DoomLoopDetector,
+                 report=lambda done: None) -> list[dict]:
     """Rows of a multi-turn env: each completion is a whole episode played through the env (tool
-    calls, observations), with its loss mask (1 on the policy's tokens) and env mask."""
+    calls, observations), with its loss mask (1 on the policy's tokens) and env mask; `report(done)`
+    as episodes end."""
     policy = LocalPolicy(model, tokenizer, stage.batch_size)
     modes = ["sampled"] * stage.samples + ["greedy"] * stage.greedy
     sampled = roll_out(policy, tokenizer, env, [t for t in tasks for _ in range(stage.samples)],
-                       SamplingParams(stage.max_tokens, stage.temperature, stage.top_p), seed=stage.seed)
-    greedy = roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_tokens)) if stage.greedy else []
+                       SamplingParams(stage.max_tokens, stage.temperature, stage.top_p), seed=stage.seed,
+                       on_finished=report)
+    greedy = roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_tokens),
+                      on_finished=lambda done: report(len(sampled) + done)) if stage.greedy else []
     rows = []
     for i, task in enumerate(tasks):
         group = sampled[i * stage.samples:(i + 1) * stage.samples] + [greedy[i]] * stage.greedy if greedy else \
@@ -133,12 +140,14 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
+    progress = Progress(len(tasks) * (stage.samples + stage.greedy), 0, ctx.stage_id, log_every=1,
+                        on_update=ctx.report_progress)  # a step: one completion (a batch at a time)
     if env.max_turns > 1:
-        rows = episode_rows(env, tasks, model, tokenizer, stage, DoomLoopDetector())
+        rows = episode_rows(env, tasks, model, tokenizer, stage, DoomLoopDetector(), progress.update)
     else:
         prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in tasks]
-        rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage), stage,
-                            DoomLoopDetector())
+        rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage, progress.update),
+                            stage, DoomLoopDetector())
     out_dir = ctx.workdir / "rollouts"
     write_rows(rows, out_dir)
     greedy = [r for r in rows if r["mode"] == "greedy"]

@@ -2,15 +2,35 @@
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
 import pandas as pd
+import httpx
 from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
 from tests.e2e.helpers import by_id, kill_once, posttrain, start, summary, tiny_spec, write
+
+
+def task_run_ids(run_id: str, stage_id: str) -> list[str]:
+    """The ids of stage `stage_id`'s task runs in pipeline run `run_id`, from the Prefect API."""
+    api = os.environ["PREFECT_API_URL"]
+    [flow_run] = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
+    body = {"flow_runs": {"id": {"any_": [flow_run["id"]]}}, "task_runs": {"name": {"any_": [stage_id]}}}
+    return [run["id"] for run in httpx.post(f"{api}/task_runs/filter", json=body).json()]
+
+
+def task_run_logs(run_id: str, stage_id: str) -> list[str]:
+    body = {"logs": {"task_run_id": {"any_": task_run_ids(run_id, stage_id)}}, "limit": 200}
+    return [log["message"] for log in httpx.post(f"{os.environ['PREFECT_API_URL']}/logs/filter", json=body).json()]
+
+
+def progress_artifacts(run_id: str, stage_id: str) -> list[dict]:
+    body = {"artifacts": {"type": {"any_": ["progress"]}, "task_run_id": {"any_": task_run_ids(run_id, stage_id)}}}
+    return httpx.post(f"{os.environ['PREFECT_API_URL']}/artifacts/filter", json=body).json()
 
 
 def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
@@ -31,6 +51,10 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     assert set(evaluation["sft"]["arith"]) >= {"accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens"}
     assert (store / "runs" / f"{run1['run_id']}.json").exists()
     assert "checkpoint" in first.stdout and "accuracy" in first.stdout  # the metrics table
+    # each stage's lines are in its task run's logs on the Prefect server, with the progress lines
+    assert "[warmup] 256 examples" in " ".join(task_run_logs(run1["run_id"], "warmup"))
+    assert any(re.match(r"\[sft\] step 12/12 ", line) for line in task_run_logs(run1["run_id"], "sft"))
+    assert [a["data"] for a in progress_artifacts(run1["run_id"], "sft")] == [100.0]  # live while it ran
     manifests = Store(f"file://{store}")
     rollouts = pd.read_parquet(manifests.fetch(by_id(run1)["onpolicy"]["outputs"]["rollouts"]) / "data.parquet")
     assert len(rollouts) == 12 and set(rollouts.groupby("prompt_id").size()) == {3}
@@ -78,9 +102,19 @@ def test_sigkill_during_sft_then_rerun_resumes_mid_stage(tmp_path):
     store = tmp_path / "store"
     spec = write(tmp_path, tiny_spec(f"file://{store}", sft={"max_steps": 120, "batch_size": 8,
                                                              "checkpoint_every": 10}))
-    kill_once(start("run", spec), lambda: list(store.glob("scratch/*/step-*/DONE")), 300,
-              "no in-stage checkpoint appeared")
-    assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json"))  # no committed sft yet
+    shown = []
+
+    def checkpoint_and_status() -> bool:
+        """An in-stage checkpoint exists, and `posttrain status` shows the running stage's step."""
+        runs = list(store.glob("runs/*.json"))
+        if not list(store.glob("scratch/*/step-*/DONE")) or not runs:
+            return False
+        status = posttrain("status", runs[0].stem, "--store", f"file://{store}")
+        shown.append(status.stdout)
+        return bool(re.search(r"^sft +running +step \d+/120 \(\d+%\)(, ETA \S+)?$", status.stdout, re.M))
+
+    kill_once(start("run", spec), checkpoint_and_status, 300, "no in-stage checkpoint, or no running step shown")
+    assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json")), shown[-1:]  # no committed sft yet
 
     rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json")
     assert rerun.returncode == 0, rerun.stdout[-3000:]

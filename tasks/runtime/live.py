@@ -1,0 +1,63 @@
+"""A running stage's progress where users look, as its child reports it (StageContext.report_progress):
+a file in the store, which the pipeline flow folds into the run summary's `running` (so `posttrain
+status` shows the step and ETA, on a worker too), and a Prefect progress artifact on the task run.
+Best effort: progress that cannot be shown never fails a stage."""
+
+from __future__ import annotations
+
+import warnings
+
+from artifacts.store import Store, StoreError
+from tasks.common.progress import format_duration
+
+
+def progress_path(store: Store, run_id: str, stage_id: str) -> str:
+    return store.path("progress", run_id, f"{stage_id}.json")
+
+
+def read_progress(store: Store, run_id: str, stage_id: str) -> dict | None:
+    """{step, total, eta_seconds} of the stage while it runs; None before its first report or after it ended."""
+    path = progress_path(store, run_id, stage_id)
+    try:
+        progress = store.read_json(path) if store.exists(path) else None
+    except (OSError, ValueError, StoreError):
+        return None  # half-written or just removed: the next look finds it
+    if not isinstance(progress, dict):
+        return None
+    return {key: progress.get(key) for key in ("step", "total", "eta_seconds")}
+
+
+class LiveProgress:
+    """`live(progress)` for each report of the child; `close()` when the stage ends."""
+
+    def __init__(self, store: Store, run_id: str, stage_id: str):
+        self.store, self.stage_id, self.path = store, stage_id, progress_path(store, run_id, stage_id)
+        self.artifact = None
+        self.failed = False
+
+    def __call__(self, progress: dict) -> None:
+        try:
+            self.store.write_json(self.path, progress)
+            self._show(progress)
+        except Exception as exc:  # noqa: BLE001 - a progress display must not fail the stage
+            if not self.failed:
+                warnings.warn(f"{self.stage_id}: progress not shown: {exc}", stacklevel=1)
+            self.failed = True
+
+    def _show(self, progress: dict) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        percent = 100.0 * progress["step"] / max(1, progress["total"])
+        eta = progress.get("eta_seconds")
+        description = (f"{self.stage_id}: step {progress['step']}/{progress['total']}"
+                       + (f", ETA {format_duration(eta)}" if eta is not None else ""))
+        if self.artifact is None:
+            self.artifact = create_progress_artifact(percent, description=description)
+        else:
+            update_progress_artifact(self.artifact, percent, description=description)
+
+    def close(self) -> None:
+        try:
+            self.store.remove(self.path)
+        except (OSError, StoreError):
+            pass
