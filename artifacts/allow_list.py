@@ -3,9 +3,10 @@
 Whoever can post an event to the Prefect API names the store and its options; the worker would
 then read the spec kept there and fill it from its own environment. So a triggered evaluation
 opens only a store the worker's environment allows: an entry is a store URI (the store itself
-or any store under it), with `?key=value` pinning the options that say where the store is (an
-S3-compatible endpoint, an Azure account): `s3://team/posttrain?endpoint_url=http://minio:9000`.
-An event that names another store, or the same bucket on another endpoint, is refused.
+or any store under it), with `?key=value` for each storage option the event may carry (dotted
+for nested ones): `s3://team/posttrain?endpoint_url=http://minio:9000`. An event's options must
+be exactly the entry's: another endpoint, TLS verification turned off, another addressing style
+all change which server is asked. An event that names another store is refused.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from urllib.parse import parse_qsl, urlencode
 from artifacts.store import StoreLocation
 
 VARIABLE = "POSTTRAIN_ALLOWED_STORES"
-# options that change which server or account a URI means; every other allowed option only tunes access
-LOCATION_OPTIONS = ("endpoint_url", "client_kwargs.endpoint_url", "account_name", "project")
 
 
 class StoreNotAllowed(Exception):
@@ -30,7 +29,7 @@ def allowed_entries(environ=os.environ) -> list[str]:
 
 def entry_for(location: StoreLocation) -> str:
     """The entry that allows exactly this store (and those under it) on its server."""
-    pinned = _location_options(location.options)
+    pinned = _flat(location.options)
     return _normalised(location.uri) + ("?" + urlencode(pinned) if pinned else "")
 
 
@@ -39,7 +38,7 @@ def check_allowed(location: StoreLocation, entries: list[str]) -> None:
     if not entries:
         raise StoreNotAllowed(f"store: {location.uri} is not allowed here: {VARIABLE} is not set where this "
                               "evaluation runs (a space- or comma-separated list of store URIs)")
-    wanted = _location_options(location.options)
+    wanted = _flat(location.options)
     for entry in entries:
         uri, _, query = entry.partition("?")
         if _covers(_normalised(uri), location.uri) and dict(parse_qsl(query)) == wanted:
@@ -65,12 +64,12 @@ def _covers(entry: str, uri: str) -> bool:
     return uri == entry or uri.startswith(entry + "/")
 
 
-def _location_options(options: dict) -> dict[str, str]:
-    found = {}
-    for dotted in LOCATION_OPTIONS:
-        value = options
-        for key in dotted.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is not None:
-            found[dotted] = str(value)
-    return found
+def _flat(options: dict, prefix: str = "") -> dict[str, str]:
+    """{dotted key: value as text} of every option, nested ones included."""
+    flat = {}
+    for key, value in options.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value)
+    return flat

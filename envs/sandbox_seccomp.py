@@ -4,9 +4,10 @@ Everything is allowed but the system calls below, which fail with EPERM: kernel 
 shell task never needs (io_uring, bpf, userfaultfd, perf events, keyrings), ways out of or around
 the namespaces and mounts (mount API, unshare, setns, pivot_root, handles by inode), reading or
 writing another process (ptrace, process_vm_*, pidfd_getfd), memory that no tmpfs caps (memfd) or
-that outlives a command (SysV IPC), and what only an administrator does (modules, kexec, swap,
-reboot, accounting, clocks, quotas). It follows Docker's default profile, stricter where a sandboxed
-command has no use for a call (ptrace, memfd, unshare). The filter is libseccomp's for the native
+that outlives a command (SysV IPC), what only an administrator does (modules, kexec, swap,
+reboot, accounting, clocks, quotas), and vsock sockets (a VM's channel to its host, which the
+network namespace does not cover). It follows Docker's default profile, stricter where a
+sandboxed command has no use for a call (ptrace, memfd, unshare). The filter is libseccomp's for the native
 architecture only: a call through another ABI (i386's int 0x80, x32) kills the process.
 """
 
@@ -34,6 +35,20 @@ DENIED = (
     "settimeofday", "clock_settime", "clock_adjtime", "quotactl", "quotactl_fd", "lookup_dcookie",
     "nfsservctl", "uselib", "ustat", "sysfs", "_sysctl", "ioperm", "iopl", "vm86", "vm86old", "fanotify_init",
 )
+
+
+SCMP_CMP_EQ = 4
+AF_VSOCK = 40
+# socket families refused by their first argument: vsock talks to the hypervisor (a VM host's
+# channel), and a network namespace does not cover it
+DENIED_SOCKET_FAMILIES = (AF_VSOCK,)
+
+
+class ArgCmp(ctypes.Structure):
+    """libseccomp's `struct scmp_arg_cmp`: argument `arg` compared with `op` to datum_a (and b)."""
+
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
 
 
 def _library(name: str) -> ctypes.CDLL:
@@ -64,6 +79,11 @@ def compile_filter() -> bytes:
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number != UNKNOWN:  # unknown: newer than this libseccomp (the kernel is likely older too)
                 _check(lib.seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO | errno.EPERM, number, 0, None), f"deny {name}")
+        socket = lib.seccomp_syscall_resolve_name(b"socket")
+        for family in DENIED_SOCKET_FAMILIES:
+            family_is = ArgCmp(0, SCMP_CMP_EQ, family, 0)
+            _check(lib.seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO | errno.EPERM, socket, 1, ctypes.byref(family_is)),
+                   f"deny socket family {family}")
         with tempfile.TemporaryFile() as bpf:
             _check(lib.seccomp_export_bpf(ctx, bpf.fileno()), "export")
             bpf.seek(0)

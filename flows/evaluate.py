@@ -19,7 +19,7 @@ from prefect.runtime import deployment
 
 from artifacts.allow_list import StoreNotAllowed, allowed_entries, check_allowed
 from artifacts.refs import BadRef, Ref
-from artifacts.store import Store, StoreError
+from artifacts.store import Store, StoreError, StoreLocation
 from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
 from flows.report_artifacts import publish_reports
@@ -137,12 +137,12 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")
-    artifact_store = Store(store, storage_options)
-    if deployment.id is not None:  # an event's trigger, or an API caller: the store must be allowed here
-        try:
-            check_allowed(artifact_store.location, allowed_entries())
+    if deployment.id is not None:  # an event's trigger, or an API caller: the store must be allowed here,
+        try:  # checked before it is opened (some filesystems connect as they are made)
+            check_allowed(StoreLocation(uri=store, options=storage_options or {}), allowed_entries())
         except StoreNotAllowed as exc:
             raise EvaluationInputError(str(exc)) from None
+    artifact_store = Store(store, storage_options)
     plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
     options = stage_task_options(plan.request, f"evaluate {plan.label}")
     state = run_stage.with_options(**options)(plan.request, return_state=True)

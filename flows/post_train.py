@@ -11,7 +11,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Failed
 
 from artifacts.refs import hash_value
-from artifacts.store import AlreadyExists, Store, StoreLocation, now_iso
+from artifacts.store import AlreadyExists, Store, StoreError, StoreLocation, now_iso
 from flows.deploy import stage_job_variables
 from flows.evaluate import evaluate
 from flows.report_artifacts import publish_reports
@@ -118,11 +118,19 @@ class Watch:
                 if progress is not None and progress != self.shown:
                     self.shown = progress
                     self.summary.setdefault("running", {})[self.stage_id] = progress
-                    write_summary(self.store, self.summary)
+                    self.show()
         finally:
             self.summary.get("running", {}).pop(self.stage_id, None)
             if not self.summary.get("running"):
                 self.summary.pop("running", None)
+
+
+    def show(self) -> None:
+        """Best effort: a store hiccup costs one progress update, never the stage it shows."""
+        try:
+            write_summary(self.store, self.summary)
+        except (OSError, StoreError) as exc:
+            get_run_logger().warning(f"{self.stage_id}: progress not written to the run summary: {exc}")
 
 
 def write_summary(store: Store, summary: dict) -> None:

@@ -67,8 +67,8 @@ class PipelineSpec(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     evaluation: EvaluationConfig = EvaluationConfig()
     workers: WorkersConfig | None = None
-    # {spec path: (template, value)} of every string that named an environment variable
-    _filled: dict[tuple, tuple[str, str]] = PrivateAttr(default_factory=dict)
+    # {name: value} of the environment variables the spec took values from (flows/placeholders.py)
+    _filled: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def inputs_of(self, stage) -> list[tuple[str, str, str | tuple[str, ...]]]:
         """(field path, stage id, what it must produce) of every stage `stage` reads: its own
@@ -82,15 +82,8 @@ class PipelineSpec(BaseModel):
         return self.evaluation.envs or list(self.envs)
 
     @property
-    def filled(self) -> dict[tuple, tuple[str, str]]:
+    def filled(self) -> dict[str, str]:
         return self._filled
-
-    def request_paths(self, stage) -> dict[tuple, tuple]:
-        """{spec path: where that part of the spec sits in `stage`'s request} (flows.placeholders)."""
-        position = next(i for i, s in enumerate(self.stages) if s.id == stage.id)
-        prefixes = {("stages", position): ("stage",), ("model",): ("model",), ("store",): ("store", "uri"),
-                    ("storage_options",): ("store", "options")}
-        return prefixes | {("envs", env_id): ("envs", env_id) for _, env_id in stage.env_refs()}
 
     def stage(self, stage_id: str):
         return next(s for s in self.stages if s.id == stage_id)
@@ -152,7 +145,7 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
     evaluate a checkpoint: the stages that imported data have run)."""
     if not isinstance(raw, dict):
         raise SpecError(f"spec: expected a mapping at the top level, got {type(raw).__name__}")
-    filled: dict[tuple, tuple[str, str]] = {}
+    filled: dict[str, str] = {}
     try:
         raw = interpolate(raw, filled)
         spec = PipelineSpec.model_validate(raw)

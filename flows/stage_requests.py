@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from artifacts.refs import hash_value
 from artifacts.store import StoreLocation
 from envs.loader import env_package
-from flows.placeholders import with_placeholders
+from flows.placeholders import digest, with_placeholders
 from flows.spec import PipelineSpec
 from models.loading import base_identity
 from tasks.request import Producer, StageRequest
@@ -45,8 +45,10 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
 def stage_parameters(spec: PipelineSpec, request: StageRequest) -> dict:
     """The parameters of the stage's flow run on a worker: the request as JSON with every value the
     spec took from this process's environment put back as its `${VAR}` (the worker fills it)."""
-    payload, placed = with_placeholders(request.model_dump(mode="json"), spec.filled, spec.request_paths(request.stage))
-    return {"request": payload, "placeholders": placed}
+    payload = request.model_dump(mode="json")
+    check = digest(payload)
+    payload, placed = with_placeholders(payload, spec.filled)
+    return {"request": payload, "placeholders": placed, "request_digest": check}
 
 
 def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:

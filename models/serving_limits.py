@@ -31,6 +31,7 @@ class Limits:
     max_body_bytes: int = 1 << 20  # a request body's size
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
     queue_timeout: float = 60.0  # seconds a validated request waits for the requests ahead of it
+    max_connections: int = 64  # open connections and requests at once; beyond, uvicorn answers 503
 
 
 class ServingError(Exception):
@@ -150,7 +151,8 @@ def server_config(app, limits: Limits, **kwargs):
     """uvicorn's config for `app`: h11 with a deadline for request headers (below)."""
     import uvicorn
 
-    return uvicorn.Config(app, http=deadline_protocol(limits.read_timeout), log_level="warning", **kwargs)
+    return uvicorn.Config(app, http=deadline_protocol(limits.read_timeout), log_level="warning",
+                          limit_concurrency=limits.max_connections, **kwargs)
 
 
 def deadline_protocol(seconds: float):

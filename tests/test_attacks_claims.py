@@ -110,3 +110,25 @@ def test_a_retry_of_the_same_run_takes_its_own_claim_back(store):
     body = {"run_id": "run-a", "host": "another-pod", "pid": 7, "started": 1, "heartbeat": time.time()}
     store.create_only(claim_path(store, KEY, 1), json.dumps(body).encode())
     assert isinstance(claim_stage(store, KEY, "run-a", 0.2, cached), Claim)
+
+
+def test_a_holder_with_this_host_name_in_another_pid_space_is_judged_by_its_heartbeat(store):
+    """Containers with host networking share the host name, not the pids: a pid missing here says
+    nothing about a holder there."""
+    cached, _ = result_of(store)
+    body = {**claims.own_claim("run-a"), "pid": 999_999_999, "pids": "another-boot:1"}
+    store.create_only(claim_path(store, KEY, 1), json.dumps(body).encode())
+    with pytest.raises(ClaimTimeout):
+        claim_stage(store, KEY, "run-b", 0.2, cached)
+
+
+def test_a_claim_beats_until_released(store, monkeypatch):
+    monkeypatch.setattr(claims, "HEARTBEAT_SECONDS", 0.05)
+    cached, _ = result_of(store)
+    claim = claim_stage(store, KEY, "run-a", 1, cached)
+    first = store.read_json(claim.path)["heartbeat"]
+    time.sleep(0.3)  # e.g. waiting for GPU slots: no child runs yet, the heartbeat goes on
+    assert store.read_json(claim.path)["heartbeat"] > first
+    claim.release()
+    time.sleep(0.2)
+    assert not store.exists(claim.path)  # and no beat wrote it back

@@ -13,7 +13,7 @@ ENTRIES = ["s3://team/posttrain?endpoint_url=http://minio:9000", "file:///data/s
 
 @pytest.mark.parametrize("uri, options", [
     ("s3://team/posttrain", {"endpoint_url": "http://minio:9000"}),
-    ("s3://team/posttrain/run-2", {"endpoint_url": "http://minio:9000", "region_name": "x"}),
+    ("s3://team/posttrain/run-2", {"endpoint_url": "http://minio:9000"}),
     ("file:///data/stores/a", {}),
     ("file:///data/stores/a/b", {}),
 ])
@@ -27,6 +27,13 @@ def test_a_store_under_an_entry_with_its_endpoint_is_allowed(uri, options):
     ("s3://team/posttrain", {"client_kwargs": {"endpoint_url": "http://minio:9000"}},
      "store: s3://team/posttrain with client_kwargs.endpoint_url=http://minio:9000 is not in POSTTRAIN_ALLOWED_STORES"),
     ("s3://team/posttrain", {}, "store: s3://team/posttrain is not in POSTTRAIN_ALLOWED_STORES"),
+    # options an entry does not pin change which server answers, or whether it is checked
+    ("s3://team/posttrain", {"endpoint_url": "http://minio:9000", "client_kwargs": {"verify": False}},
+     "store: s3://team/posttrain with endpoint_url=http://minio:9000 with client_kwargs.verify=False is not in "
+     "POSTTRAIN_ALLOWED_STORES"),
+    ("s3://team/posttrain", {"endpoint_url": "http://minio:9000", "config_kwargs": {"s3": {"addressing_style": "virtual"}}},
+     "store: s3://team/posttrain with endpoint_url=http://minio:9000 with config_kwargs.s3.addressing_style=virtual "
+     "is not in POSTTRAIN_ALLOWED_STORES"),
     ("s3://team/posttrain-evil", {"endpoint_url": "http://minio:9000"},
      "store: s3://team/posttrain-evil with endpoint_url=http://minio:9000 is not in POSTTRAIN_ALLOWED_STORES"),
     ("s3://team/posttrain/../other", {"endpoint_url": "http://minio:9000"},

@@ -26,7 +26,8 @@ LIMITS = SandboxLimits(wall_seconds=3, cpu_seconds=2, disk_mb=4, max_files=1000,
 CALLS = {"memfd_create": "b'x', 0", "io_uring_setup": "1, buffer", "userfaultfd": "0", "bpf": "0, buffer, 72",
          "keyctl": "0, -3, 0", "ptrace": "0, 0, 0, 0", "unshare": "0", "mount": "b'none', b'/tmp', b'tmpfs', 0, None",
          "shmget": "0, 4096, 0o1600", "msgget": "0, 0o1600", "semget": "0, 1, 0o1600", "setns": "0, 0",
-         "process_vm_readv": "1, None, 0, None, 0, 0", "perf_event_open": "buffer, 0, -1, -1, 0"}
+         "process_vm_readv": "1, None, 0, None, 0, 0", "perf_event_open": "buffer, 0, -1, -1, 0",
+         "socket": "40, 1, 0"}  # AF_VSOCK, SOCK_STREAM: the hypervisor's channel, outside the network namespace
 
 
 @pytest.fixture(scope="module")

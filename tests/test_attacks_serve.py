@@ -199,3 +199,19 @@ def test_a_request_that_waits_for_the_engine_past_the_deadline_gets_503(tight):
 def hold(lock: threading.Lock, seconds: float) -> None:
     with lock:
         time.sleep(seconds)
+
+
+def test_connections_past_the_cap_get_503_and_the_cap_frees_with_them():
+    """Many idle connections (each of which may be a 1 MiB body in waiting) are capped: past
+    `max_connections` a request is turned away at once, and the server serves again when they go."""
+    from models.serving import make_app
+
+    limits = Limits(read_timeout=1.0, queue_timeout=0.5, max_connections=2)
+    with running_app(make_app(trained_checkpoint(), NAME, limits=limits)) as base_url:
+        with raw(base_url) as first, raw(base_url) as second:
+            for sock in (first, second):
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.2)
+            assert ask(base_url).status_code == 503
+        time.sleep(limits.read_timeout + 1)
+        completes_promptly(base_url)

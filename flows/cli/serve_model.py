@@ -60,6 +60,6 @@ def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
 def check_limits(limits: Limits) -> None:
     """Each limit is positive (a flag of zero would refuse every request)."""
     for flag, value in (("--max-body-bytes", limits.max_body_bytes), ("--read-timeout", limits.read_timeout),
-                        ("--queue-timeout", limits.queue_timeout)):
+                        ("--queue-timeout", limits.queue_timeout), ("--max-connections", limits.max_connections)):
         if not value > 0:
             raise ServeModelInputError(f"{flag}: must be positive, not {value}")

@@ -85,7 +85,7 @@ def cmd_serve_model(args) -> int:
     from flows.cli.serve_model import ServeModelInputError, serve_model
     from models.serving_limits import Limits
 
-    limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout)
+    limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout, args.max_connections)
     try:
         return serve_model(args.ref, args.store, args.host, args.port, args.name, limits)
     except ServeModelInputError as exc:
@@ -126,4 +126,6 @@ def add_serving_commands(commands) -> None:
                              help="seconds a request's headers, then its body, may take to arrive (default 30)")
     serve_model.add_argument("--queue-timeout", type=float, default=Limits.queue_timeout,
                              help="seconds a request waits for the ones ahead of it before a 503 (default 60)")
+    serve_model.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                             help="connections and requests at once; more get a 503 (default 64)")
     serve_model.set_defaults(func=cmd_serve_model)

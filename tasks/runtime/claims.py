@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
+import warnings
 from collections.abc import Callable
 
-from artifacts.store import AlreadyExists, Store
+from artifacts.store import AlreadyExists, Store, StoreError
 from tasks.runtime.processes import alive, start_time
 
 HEARTBEAT_SECONDS = 15.0
@@ -32,18 +34,29 @@ class ClaimTimeout(Exception):
 
 
 class Claim:
-    """Held by this process: `heartbeat()` while the stage runs, `release()` when it ends."""
+    """Held by this process, which beats its heartbeat from a thread (waiting for GPU slots
+    included) until `release()`."""
 
     def __init__(self, store: Store, path: str, body: dict):
-        self.store, self.path, self.body, self.beat = store, path, body, time.monotonic()
+        self.store, self.path, self.body = store, path, body
+        self.released, self.writing = threading.Event(), threading.Lock()
+        threading.Thread(target=self._beat, daemon=True, name=f"claim {path}").start()
 
-    def heartbeat(self) -> None:
-        if time.monotonic() - self.beat >= HEARTBEAT_SECONDS:
-            self.body["heartbeat"], self.beat = time.time(), time.monotonic()
-            self.store.write_json(self.path, self.body)
+    def _beat(self) -> None:
+        while not self.released.wait(HEARTBEAT_SECONDS):
+            with self.writing:  # never after release: a beat must not write a removed claim back
+                if self.released.is_set():
+                    return
+                self.body["heartbeat"] = time.time()
+                try:
+                    self.store.write_json(self.path, self.body)
+                except (OSError, StoreError) as exc:  # a store hiccup: the next beat tries again
+                    warnings.warn(f"claim {self.path}: heartbeat not written: {exc}", stacklevel=1)
 
     def release(self) -> None:
-        self.store.remove(self.path)
+        with self.writing:
+            self.released.set()
+            self.store.remove(self.path)
 
 
 def claim_path(store: Store, key: str, generation: int = 0) -> str:
@@ -92,11 +105,23 @@ def current_claim(store: Store, key: str) -> tuple[int, dict | None]:
 def own_claim(run_id: str) -> dict:
     pid = os.getpid()
     return {"run_id": run_id, "host": socket.gethostname(), "pid": pid, "started": start_time(pid),
-            "heartbeat": time.time()}
+            "pids": pid_space(), "heartbeat": time.time()}
+
+
+def pid_space() -> str:
+    """Which pids a process sees: its boot and its pid namespace. Containers sharing a host name
+    (host networking) see different pids; only within one space does a pid name a process."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def stale(holder: dict) -> bool:
-    """The holder's process is gone (same host: checked directly) or stopped beating."""
-    if holder["host"] == socket.gethostname() and isinstance(holder["pid"], int):
+    """The holder's process is gone (in this pid space: checked directly) or stopped beating."""
+    here = pid_space()
+    if here and holder.get("pids") == here and holder["host"] == socket.gethostname() \
+            and isinstance(holder["pid"], int):
         return not alive(holder["pid"]) or start_time(holder["pid"]) != holder["started"]
     return time.time() - float(holder["heartbeat"]) > STALE_SECONDS

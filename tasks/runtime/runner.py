@@ -99,12 +99,11 @@ def relay_log(line: str, level: str) -> None:
         STAGE_LOGS.log(logging.getLevelName(level) if level in LEVELS else logging.INFO, line)
 
 
-def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, heartbeat=lambda: None,
+def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
                  on_progress=lambda progress: None) -> dict:
     """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
     `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
-    result lists them. `heartbeat()` is called at every poll, `on_progress(progress)` as the child
-    reports it."""
+    result lists them; `on_progress(progress)` is called as the child reports it."""
     timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -118,7 +117,6 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None, he
                 if time.monotonic() > deadline:
                     raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
                 messages.drain()
-                heartbeat()
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:
             if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
@@ -173,7 +171,7 @@ def run_stage(request: StageRequest):
     try:
         with gpu_slots(request.orchestration.gpus):
             result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
-                                  heartbeat=claim.heartbeat, on_progress=live)
+                                  on_progress=live)
         store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
                                                                 **result})
     finally:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -100,7 +101,7 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
         [refused] = failed(api, "evaluate")
         assert refused["parameters"]["store"] == f"file://{forged}"
         assert f"store: file://{forged} is not in POSTTRAIN_ALLOWED_STORES" in refused["state"]["message"]
-        assert sorted(forged.rglob("*")) == copied  # nothing read into it, nothing written
+        assert sorted(forged.rglob("*")) == copied  # nothing written there
         created = events(api, "posttrain.checkpoint.created")
         assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
             sorted(f"posttrain.checkpoint.{ref}" for ref in [*checkpoints, sft["outputs"]["checkpoint"]])
@@ -157,6 +158,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
         assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
+        assert not any("tiny-llama" in json.dumps(r["parameters"]) for r in stages)  # nor derived from it
         [pipeline_run] = flow_runs(api, "post-train")
         assert "base: ${POSTTRAIN_TEST_BASE}" in pipeline_run["parameters"]["spec_text"]
         # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
