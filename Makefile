@@ -27,13 +27,14 @@ sandbox-tools:
 	@$(SANDBOX_READY) || echo "warning: bwrap or libseccomp2 not found; install bubblewrap and libseccomp2 to use the terminal, rlm and openclaw envs" >&2
 
 # torch first and pinned, so pip keeps the CPU build that lies on this machine's disk.
-# --no-compile: byte-compiling every installed file took ~2.5 of the ~4 minutes of a fresh setup;
-# Python compiles (and caches) only what it imports.
+# pip byte-compiles what it installs (most of a fresh set-up's ~4 minutes): keep it, since this
+# machine sets PYTHONDONTWRITEBYTECODE=1 and without those .pyc files every process would compile
+# torch and transformers from source at each import (a trial with --no-compile ran far slower).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile torch==$(TORCH)
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==$(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 run: setup
