@@ -28,7 +28,7 @@ def synthesize(tmp_path, env_id: str, env_config, teacher: dict, n: int) -> tupl
                                           "teacher": teacher})
     ctx = StageContext(store=Store(f"file://{tmp_path / 'store'}"), pipeline="t", run_id="r", stage_id="warmup",
                        cache_key="k", model=ModelConfig(base=str(trained_checkpoint())), envs={env_id: env_config},
-                       inputs={}, workdir=tmp_path / "w")
+                       inputs={}, workdir=tmp_path / "w", announce_path=tmp_path / "messages.jsonl")
     output = run(stage, ctx)["dataset"]
     rows = [{key: value.tolist() if hasattr(value, "tolist") else value for key, value in row.items()}
             for row in read_rows(output.local_dir)]  # token columns come back as arrays
@@ -58,6 +58,15 @@ def test_multi_turn_rows_are_the_endpoint_models_episodes(tmp_path, base_url):
     assert rows == expected  # the same ids, loss masks and transcripts
     assert any(row["loss_mask"].count(0) > len(local[0].prompt_ids) for row in rows)  # tool results masked
     assert metrics["teacher_accuracy"] == solved / 8
+    progress = [m["progress"] for m in told(tmp_path) if "progress" in m]  # what the orchestrator hears
+    assert progress[-1]["step"] == progress[-1]["total"] == 8
+    assert any(m.get("log", "").startswith("[warmup] step 8/8") for m in told(tmp_path))
+
+
+def told(tmp_path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
 
 
 def test_an_unreachable_teacher_fails_the_stage_with_one_line(tmp_path):

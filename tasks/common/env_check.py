@@ -41,12 +41,14 @@ def scripted_policy(env, tokenizer, scripts: list[list[str]]) -> ScriptedPolicy:
     return ScriptedPolicy(tokenizer, scripts, respond=respond)
 
 
-def scripted_rollouts(env, tokenizer, tasks, scripts: list[list[str]]):
-    """The trajectories of `scripts` played on `tasks`, CHUNK episodes (sandboxes) at a time."""
+def scripted_rollouts(env, tokenizer, tasks, scripts: list[list[str]], report=None):
+    """The trajectories of `scripts` played on `tasks`, CHUNK episodes (sandboxes) at a time;
+    `report(done)` as episodes end."""
     trajectories = []
     for start in range(0, len(tasks), CHUNK):
         policy = scripted_policy(env, tokenizer, scripts[start:start + CHUNK])
-        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], SamplingParams(SCRIPT_TOKENS))
+        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], SamplingParams(SCRIPT_TOKENS),
+                                 on_finished=report and (lambda done, before=start: report(before + done)))
     return trajectories
 
 

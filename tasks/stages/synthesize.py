@@ -24,6 +24,7 @@ from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.env_check import CHUNK, scripted_rollouts
+from tasks.common.progress import Progress
 from tasks.common.rollouts import Trajectory, roll_out
 from tasks.config import EndpointTeacher, StageBase
 
@@ -67,30 +68,41 @@ def teacher_policy(teacher: EndpointTeacher, tokenizer):
     return EndpointPolicy.of(teacher, tokenizer, "teacher")
 
 
-def endpoint_rollouts(env, tokenizer, tasks: list[Task], teacher: EndpointTeacher, seed: int = 0) -> list[Trajectory]:
-    """The endpoint teacher's episodes, CHUNK at a time (a sandboxed env holds one sandbox each)."""
+def _no_report(done: int) -> None:
+    pass
+
+
+def endpoint_rollouts(env, tokenizer, tasks: list[Task], teacher: EndpointTeacher, seed: int = 0,
+                      report=_no_report) -> list[Trajectory]:
+    """The endpoint teacher's episodes, CHUNK at a time (a sandboxed env holds one sandbox each);
+    `report(done)` as episodes end."""
     policy = teacher_policy(teacher, tokenizer)
     params = SamplingParams(teacher.max_tokens, teacher.temperature or None)
     trajectories = []
     for start in range(0, len(tasks), CHUNK):
-        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], params, seed=seed + start)
+        trajectories += roll_out(policy, tokenizer, env, tasks[start:start + CHUNK], params, seed=seed + start,
+                                 on_finished=lambda done, before=start: report(before + done))
     return trajectories
 
 
-def teacher_trajectories(env, tokenizer, tasks: list[Task], teacher: Teacher, seed: int = 0) -> list[Trajectory]:
+def teacher_trajectories(env, tokenizer, tasks: list[Task], teacher: Teacher, seed: int = 0,
+                         report=_no_report) -> list[Trajectory]:
     """The teacher's episodes of `tasks`: the oracle's scripted actions, or the endpoint's."""
     if teacher == "oracle":
-        return scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
+        return scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks], report)
     if isinstance(teacher, EndpointTeacher):
-        return endpoint_rollouts(env, tokenizer, tasks, teacher, seed)
+        return endpoint_rollouts(env, tokenizer, tasks, teacher, seed, report)
     raise ValueError(f"unknown teacher {teacher!r}")
 
 
-def teacher_completions(env, tasks: list[Task], teacher: Teacher, tokenizer=None, seed: int = 0) -> list[str]:
+def teacher_completions(env, tasks: list[Task], teacher: Teacher, tokenizer=None, seed: int = 0,
+                        report=_no_report) -> list[str]:
     """A single-turn env's completions: the oracle's reference, or the endpoint's answers."""
     if teacher == "oracle":
-        return [env.reference_completion(task) for task in tasks]
-    return [trajectory.text for trajectory in teacher_trajectories(env, tokenizer, tasks, teacher, seed)]
+        completions = [env.reference_completion(task) for task in tasks]
+        report(len(tasks))
+        return completions
+    return [trajectory.text for trajectory in teacher_trajectories(env, tokenizer, tasks, teacher, seed, report)]
 
 
 def total_tokens(tokenizer, prompt: str, completion: str) -> int:
@@ -125,14 +137,14 @@ def trajectory_rows(env, env_id: str, trajectories: list[Trajectory], tokenizer)
 
 
 def multi_turn_rows(env, env_id: str, tasks: list[Task], tokenizer, teacher: Teacher = "oracle",
-                    seed: int = 0) -> tuple[list[dict], int]:
+                    seed: int = 0, report=_no_report) -> tuple[list[dict], int]:
     """Rows of the teacher's episodes of `tasks` (the oracle's unless told otherwise)."""
-    return trajectory_rows(env, env_id, teacher_trajectories(env, tokenizer, tasks, teacher, seed), tokenizer)
+    return trajectory_rows(env, env_id, teacher_trajectories(env, tokenizer, tasks, teacher, seed, report), tokenizer)
 
 
 def single_turn_rows(env, env_id: str, tasks: list[Task], teacher: Teacher, tokenizer,
-                     seed: int = 0) -> tuple[list[dict], int]:
-    completions = teacher_completions(env, tasks, teacher, tokenizer, seed)
+                     seed: int = 0, report=_no_report) -> tuple[list[dict], int]:
+    completions = teacher_completions(env, tasks, teacher, tokenizer, seed, report)
     rows = [{"id": task.id, "env": env_id, "prompt": task.prompt, "completion": completion,
              "answer": task.answer, "total_tokens": total_tokens(tokenizer, task.prompt, completion)}
             for task, completion in zip(tasks, completions)]
@@ -148,10 +160,12 @@ def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
     tasks = env.tasks("train", stage.n, stage.seed)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base)
+    progress = Progress(len(tasks), 0, ctx.stage_id, log_every=CHUNK,
+                        on_update=ctx.report_progress)  # a step: one teacher episode
     if env.max_turns > 1:
-        rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer, stage.teacher, stage.seed)
+        rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer, stage.teacher, stage.seed, progress.update)
     else:
-        rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer, stage.seed)
+        rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer, stage.seed, progress.update)
     out_dir = ctx.workdir / "dataset"
     write_rows(rows, out_dir)
     ctx.log(f"{len(rows)} examples from {len(tasks)} {stage.env} tasks ({teacher_name(stage.teacher)} teacher)")
