@@ -12,7 +12,7 @@ export GX_ANALYTICS_ENABLED := False
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test bench clean sandbox-tools
+.PHONY: setup run test bench clean sandbox-tools browser-tools
 
 setup: $(STAMP) sandbox-tools
 
@@ -25,6 +25,17 @@ sandbox-tools:
 	  { apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1 || \
 	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1; }; }; } || true
 	@$(SANDBOX_READY) || echo "warning: bwrap or libseccomp2 not found; install bubblewrap and libseccomp2 to use the terminal, rlm and openclaw envs" >&2
+
+# The browser test of the Prefect UI's report images (tests/e2e/test_report_ui.py) drives headless
+# Chromium through chromedriver. `make test` installs them where root and apt can (~15-20 s; not
+# `make run`, which needs no browser); elsewhere install the Debian packages chromium and
+# chromium-driver, or the test skips.
+BROWSER_READY = command -v chromium >/dev/null && command -v chromedriver >/dev/null
+BROWSER_PACKAGES = DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1
+browser-tools:
+	@$(BROWSER_READY) || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	  { $(BROWSER_PACKAGES) || { apt-get update -qq >/dev/null 2>&1 && $(BROWSER_PACKAGES); }; }; } || true
+	@$(BROWSER_READY) || echo "warning: chromium or chromedriver not found; install chromium and chromium-driver to run the browser test of the Prefect UI" >&2
 
 # torch first and pinned, so pip keeps the CPU build that lies on this machine's disk.
 # pip byte-compiles what it installs (most of a fresh set-up's ~4 minutes): keep it, since this
@@ -40,7 +51,7 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/posttrain run pipelines/quickstart.yaml
 
-test: setup
+test: setup browser-tools
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: setup

@@ -9,7 +9,7 @@ leaderboard is the same whichever process or machine evaluated what.
 from __future__ import annotations
 
 from artifacts.store import Store
-from flows.report_artifacts import prefect_key
+from tasks.common.report_images import prefect_key
 from tasks.kinds import produces
 
 COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")

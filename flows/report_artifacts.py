@@ -1,21 +1,22 @@
 """Stage reports as Prefect markdown artifacts, so a run's curves show in the Prefect UI.
 
-A stage's `report` output (`<pipeline>/<stage>.report`: metrics.jsonl, curves.png, report.md)
-is published with its relative links pointing into the store.
+A stage's `report` output (`<pipeline>/<stage>.report`: metrics.jsonl, curves.png, report.md;
+an evaluation's report.md, evaluation.png, metrics.json) is published with its images inline
+(data: URIs, tasks/common/report_images.py: a browser can load neither a file:// path nor an
+s3:// object) and its other relative links pointing into the store. A training stage's report so
+far goes out under the same key at each in-stage checkpoint (tasks/runtime/live.py).
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 
 from artifacts.refs import Ref
 from artifacts.store import Store
+from tasks.common.report_images import RELATIVE_LINK, inline_images, report_key
 
 REPORT_SUFFIX = ".report"
 REPORT_MARKDOWN = "report.md"
-# ![alt](target) or [text](target) whose target has no scheme and is not absolute or an anchor
-_RELATIVE_LINK = re.compile(r"(!?\[[^\]]*\]\()(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^)\s]+)\)")
 
 
 def report_refs(outputs: dict[str, str]) -> list[Ref]:
@@ -24,13 +25,8 @@ def report_refs(outputs: dict[str, str]) -> list[Ref]:
     return [ref for ref in refs if ref.name.endswith(REPORT_SUFFIX)]
 
 
-def prefect_key(*parts: str) -> str:
-    """An artifact key of `parts`: Prefect wants lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-
-
 def artifact_key(pipeline: str, stage_id: str) -> str:
-    return prefect_key(pipeline, stage_id, "report")
+    return report_key(pipeline, stage_id)
 
 
 def version_uri(store: Store, ref: Ref) -> str:
@@ -40,12 +36,22 @@ def version_uri(store: Store, ref: Ref) -> str:
 
 def rewrite_relative_links(markdown: str, base_uri: str) -> str:
     """Point relative links and images (`![curves](curves.png)`) at `base_uri`/target."""
-    return _RELATIVE_LINK.sub(lambda m: f"{m.group(1)}{posixpath.join(base_uri, m.group(2))})", markdown)
+    return RELATIVE_LINK.sub(lambda m: f"{m.group(1)}{m.group(2)}{posixpath.join(base_uri, m.group(3))})", markdown)
 
 
 def report_artifact_markdown(store: Store, ref: Ref) -> str:
+    """The committed report as the UI shows it: its images (files of the version's manifest) inline,
+    its other relative links into the store."""
     report = store.read_bytes(store.version_path(ref, REPORT_MARKDOWN)).decode()
-    return rewrite_relative_links(report, version_uri(store, ref)) + f"\nArtifact: `{ref}` in `{store.uri}`\n"
+    files = {entry["path"] for entry in store.manifest(ref)["files"]}
+
+    def read(name: str) -> bytes:
+        if name not in files:
+            raise FileNotFoundError(name)
+        return store.read_bytes(store.version_path(ref, name))
+
+    return (rewrite_relative_links(inline_images(report, read), version_uri(store, ref))
+            + f"\nArtifact: `{ref}` in `{store.uri}`\n")
 
 
 def publish_reports(store: Store, pipeline: str, stage_id: str, outputs: dict[str, str]) -> list[str]:
@@ -63,7 +69,7 @@ def publish_reports(store: Store, pipeline: str, stage_id: str, outputs: dict[st
         key = artifact_key(pipeline, stage_id)
         try:
             create_markdown_artifact(markdown=report_artifact_markdown(store, ref), key=key,
-                                     description=f"training report of stage {stage_id} ({ref})")
+                                     description=f"report of stage {stage_id} ({ref})")
         except Exception as exc:
             get_run_logger().warning(f"{stage_id}: report {ref} not published as a Prefect artifact: "
                                      f"{type(exc).__name__}: {exc}")

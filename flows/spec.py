@@ -17,6 +17,7 @@ from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
+from tasks.common.trackers import missing_package
 from tasks.config import Defaults, FieldError, Judge, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
 
@@ -93,8 +94,9 @@ class PipelineSpec(BaseModel):
         return StoreLocation(uri=uri or self.store, options=self.storage_options)
 
     def resolved(self, stage) -> Defaults:
-        """The stage's retries/timeouts/gpus: its own where set, the spec defaults otherwise."""
-        own = {k: getattr(stage, k) for k in Defaults.model_fields if getattr(stage, k) is not None}
+        """The stage's retries/timeouts/gpus/trackers: its own where set, the spec defaults otherwise."""
+        own = {k: getattr(stage, k, None) for k in Defaults.model_fields}  # report_to: training stages only
+        own = {k: v for k, v in own.items() if v is not None}
         return self.defaults.model_copy(update=own)
 
 
@@ -166,6 +168,8 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
                         "from the environment or the AWS credential chain, not the spec (only known non-secret "
                         "options are accepted here)")
+    if read_sources:  # a spec read back from the store only evaluates: its trainings have run
+        _check_trackers(spec)
     return spec
 
 
@@ -241,6 +245,18 @@ def _check_envs(spec: PipelineSpec) -> None:
             make_env(env_id, config)
         except ValueError as exc:
             raise SpecError(f"envs.{env_id}.{getattr(exc, 'field', 'tasks')}: {exc}") from None
+
+
+def _check_trackers(spec: PipelineSpec) -> None:
+    """Every tracker a `report_to` names has its package installed (the extra of the same name)."""
+    named = [("defaults.report_to", spec.defaults.report_to)]
+    named += [(f"stages[{i}].report_to", getattr(stage, "report_to", None) or [])
+              for i, stage in enumerate(spec.stages)]
+    for path, trackers in named:
+        for tracker in trackers:
+            install = missing_package(tracker)
+            if install:
+                raise SpecError(f"{path}: {tracker} is not installed; {install}")
 
 
 def _check_graph(spec: PipelineSpec) -> None:

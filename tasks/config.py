@@ -19,8 +19,13 @@ from data_contracts.config import ContractConfig
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
 
+# the experiment trackers a training stage can report to (tasks/common/trackers.py)
+Tracker = Literal["mlflow", "tensorboard", "wandb"]
+
+
 class Defaults(BaseModel):
-    """A stage's orchestration settings: the spec's `defaults:`, and each stage's resolved ones."""
+    """A stage's orchestration settings: the spec's `defaults:`, and each stage's resolved ones.
+    None of them enters the stage's cache key."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -28,6 +33,8 @@ class Defaults(BaseModel):
     retry_delay_seconds: float = Field(5, ge=0)
     timeout_seconds: float = Field(3600, gt=0)
     gpus: int = Field(0, ge=0)
+    report_to: list[Tracker] = []  # training stages only
+    mlflow_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else mlruns/ where `posttrain run` runs
 
 
 # why a generate or grpo stage refuses an env whose episodes restart their context (cod's packs): such
@@ -158,7 +165,7 @@ class StageBase(BaseModel):
 
     def params(self) -> dict:
         """What decides the stage's output (its cache key), without orchestration settings."""
-        return self.model_dump(exclude={"id", "retries", "retry_delay_seconds", "timeout_seconds", "gpus"})
+        return self.model_dump(exclude={"id", *Defaults.model_fields})
 
 
 class Endpoint(BaseModel):
@@ -196,6 +203,8 @@ class TrainStage(StageBase):
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     checkpoint_every: int = Field(100, gt=0)
     seed: int = 0
+    report_to: list[Tracker] | None = None  # None: the spec's defaults
+    mlflow_uri: str | None = None
 
 
 class DatasetTrainStage(TrainStage):

@@ -55,6 +55,8 @@ class StageRequest(BaseModel):
     # user code the stage imports that lives in the orchestrator's working folder (reward modules):
     # {relative path: source}, put on the child's import path
     code: dict[str, str] = {}
+    filled: list[str] = []  # the environment variables the spec took values from (never logged to trackers)
+    orchestrator_cwd: str | None = None  # the folder `posttrain run` runs in: trackers' ./mlruns and ./wandb
 
     @property
     def primary_name(self) -> str:

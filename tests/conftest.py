@@ -56,10 +56,11 @@ def base_url():
 def prefect_api_server(tmp_path_factory):
     """One real `prefect server start` on 127.0.0.1 for the whole session, started on first use:
     a `posttrain run` against a running server starts in ~3 s instead of the ~12 s a temporary
-    (ephemeral) API takes to come up."""
+    (ephemeral) API takes to come up. Its web UI is on too, for the browser test of the report
+    artifacts (tests/e2e/test_report_ui.py)."""
     from e2e.prefect_server import prefect_server
 
-    with prefect_server(tmp_path_factory.mktemp("shared-prefect")) as server:
+    with prefect_server(tmp_path_factory.mktemp("shared-prefect"), ui=True) as server:
         yield server
 
 

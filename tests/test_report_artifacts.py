@@ -1,3 +1,10 @@
+import base64
+import io
+import json
+import re
+import warnings
+from types import SimpleNamespace
+
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -5,8 +12,23 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.runtime import flow_run
 
 from artifacts.store import Store
-from flows.report_artifacts import artifact_key, publish_reports, report_refs, rewrite_relative_links
+from flows.report_artifacts import (artifact_key, publish_reports, report_artifact_markdown, report_refs,
+                                    rewrite_relative_links)
+from tasks.common.context import StageContext
 from tasks.common.curves import write_training_report
+from tasks.common.eval_report import write_eval_report
+from tasks.common.report_images import MAX_IMAGE_BYTES, inline_images, unlink_relative
+from tasks.common.training import Training
+from tasks.runtime.live import LiveReport
+from tasks.runtime.runner import ChildMessages
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+DATA_IMAGE = re.compile(r"!\[(\w+)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
+
+
+def inlined(markdown: str) -> dict[str, bytes]:
+    """{alt: image bytes} of the data: URI images in `markdown`."""
+    return {alt: base64.b64decode(data) for alt, data in DATA_IMAGE.findall(markdown)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,5 +80,103 @@ def test_report_is_published_as_a_markdown_artifact_of_the_flow_run(tmp_path):
     assert [(a.key, a.type) for a in published] == [("demo-rl-report", "markdown")]
     markdown = published[0].data
     assert "| reward | 0.25 | 1 | 0.25 | 1 |" in markdown
-    assert f"![curves](file://{store.version_path(ref, 'curves.png')})" in markdown
+    # the picture travels in the artifact (a browser cannot load file:// from an http page) ...
+    assert inlined(markdown) == {"curves": store.read_bytes(store.version_path(ref, "curves.png"))}
+    # ... and the data stays a link into the store
+    assert f"[metrics.jsonl](file://{store.version_path(ref, 'metrics.jsonl')})" in markdown
     assert str(ref) in markdown
+
+
+def test_an_s3_report_inlines_its_chart_and_links_its_data_without_credentials(s3_endpoint, tmp_path):
+    store = Store("s3://posttrain-test/report-images", {"endpoint_url": s3_endpoint})
+    metrics = {"sft": {"arith": {"accuracy": 0.5, "format_rate": 0.75, "doom_loop_rate": 0.0, "n": 8}}}
+    write_eval_report(metrics, {"sft": "demo/sft@" + "a" * 16}, tmp_path / "report", "evaluation demo/sft")
+    ref = store.commit("demo/sft.eval.report", "report", tmp_path / "report", producer={"stage_id": "eval"})
+    markdown = report_artifact_markdown(store, ref)
+    chart = store.read_bytes(store.version_path(ref, "evaluation.png"))
+    assert inlined(markdown) == {"rates": chart} and chart.startswith(PNG_SIGNATURE)
+    assert f"[metrics.json](s3://{store.version_path(ref, 'metrics.json')})" in markdown
+    assert "testing" not in markdown and "X-Amz" not in markdown  # no key, no presigned URL
+
+
+def test_only_the_versions_own_images_are_inlined_and_a_huge_one_is_shrunk():
+    from PIL import Image
+
+    noise = Image.effect_noise((1600, 1200), 120).convert("RGB")  # incompressible: far over the bound
+    buffer = io.BytesIO()
+    noise.save(buffer, format="PNG")
+    huge = buffer.getvalue()
+    assert len(huge) > MAX_IMAGE_BYTES
+    files = {"big.png": huge, "notes.txt": b"x", "chart.svg": b"<svg/>" * MAX_IMAGE_BYTES}
+    asked = []
+
+    def read(name):
+        asked.append(name)
+        return files[name]  # KeyError for anything else
+
+    markdown = ("![big](big.png) ![gone](gone.png) ![up](../other/x.png) ![svg](chart.svg) "
+                "[notes](notes.txt) ![web](https://x.org/a.png)")
+    out = inline_images(markdown, read)
+    [(alt, data)] = inlined(out).items()
+    assert alt == "big" and data.startswith(PNG_SIGNATURE) and len(data) <= MAX_IMAGE_BYTES
+    assert Image.open(io.BytesIO(data)).size == (400, 300)  # halved twice
+    assert out.endswith("![gone](gone.png) ![up](../other/x.png) ![svg](chart.svg) [notes](notes.txt) "
+                        "![web](https://x.org/a.png)")  # left for the caller to point into the store
+    assert "../other/x.png" not in asked and "notes.txt" not in asked
+    assert unlink_relative("![gone](gone.png) [notes](notes.txt) [w](https://x.org)") == \
+        "*gone: not shown* notes [w](https://x.org)"
+
+
+def test_an_in_stage_checkpoint_sends_the_curves_so_far_and_the_runner_publishes_them(tmp_path):
+    """Training._checkpoint -> StageContext.show_report (a JSON line of the child) -> ChildMessages ->
+    LiveReport: a markdown artifact under the stage's report key, on the task run."""
+    ctx = StageContext(store=None, pipeline="demo", run_id="r", stage_id="sft", cache_key="0" * 32, model=None,
+                       envs={}, inputs={}, workdir=tmp_path / "work", announce_path=tmp_path / "messages.jsonl")
+    history = [{"step": s, "loss": 2 / s, "tokens_per_second": 100.0} for s in range(1, 5)]
+    training = SimpleNamespace(ctx=ctx, history=history, steps=10)
+    Training._show_report(training, 4, "demo/sft.step-4@" + "c" * 16)
+    [message] = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
+    assert message["step"] == 4
+    markdown = message["report"]
+    assert markdown.startswith("# demo/sft\n") and "step 4 of 10" in markdown and "4 logged steps" in markdown
+    assert inlined(markdown)["curves"].startswith(PNG_SIGNATURE)
+    assert "](metrics.jsonl)" not in markdown  # nothing committed yet to link to
+
+    @flow
+    def stage_flow():
+        shown = []
+        ChildMessages(tmp_path / "messages.jsonl", lambda ref, step: None,
+                      on_report=lambda text, step: (shown.append(step), LiveReport("demo", "sft")(text, step))).drain()
+        return flow_run.get_id(), shown
+
+    run_id, shown = stage_flow()
+    assert shown == [4]
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[run_id])))
+    assert (artifact.key, artifact.type, artifact.data) == ("demo-sft-report", "markdown", markdown)
+
+
+def test_a_report_that_cannot_be_drawn_or_published_never_fails_the_stage(tmp_path, monkeypatch):
+    import prefect.artifacts
+
+    import tasks.common.curves
+
+    ctx = StageContext(store=None, pipeline="demo", run_id="r", stage_id="sft", cache_key="0" * 32, model=None,
+                       envs={}, inputs={}, workdir=tmp_path, announce_path=tmp_path / "messages.jsonl")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no display today")
+
+    monkeypatch.setattr(tasks.common.curves, "report_so_far", broken)
+    Training._show_report(SimpleNamespace(ctx=ctx, history=[], steps=4), 2, "demo/sft.step-2@" + "d" * 16)
+    [message] = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
+    assert message == {"log": "[sft] report at step 2 not shown: RuntimeError: no display today", "level": "WARNING"}
+
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", broken)
+    live = LiveReport("demo", "sft")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        live("# x", 2)
+        live("# x", 4)
+    assert [str(w.message) for w in caught] == ["sft: report at step 2 not shown: no display today"]  # once

@@ -1,6 +1,7 @@
 """Every class of bad spec: one line naming the field, exit code 2, nothing written."""
 
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -148,6 +149,11 @@ CASES = {
     "workers deployment not flow/name": (
         {**GOOD, "workers": {"deployment": "post-train-stage"}},
         "workers.deployment: String should match pattern"),
+    "unknown tracker": (with_stage(1, report_to=["comet"]),
+                        "stages[1].report_to[0]: Input should be 'mlflow', 'tensorboard' or 'wandb'"),
+    "tracker on a stage that does not train": (with_stage(0, report_to=["mlflow"]), "stages[0].report_to: unknown key"),
+    "unknown tracker in defaults": ({**GOOD, "defaults": {"report_to": ["neptune"]}},
+                                    "defaults.report_to[0]: Input should be 'mlflow', 'tensorboard' or 'wandb'"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }
@@ -163,6 +169,16 @@ def test_bad_spec_is_one_line_exit_2_nothing_written(case, tmp_path, capsys):
         assert message in err, err
         assert len(err.splitlines()) == 1 and err.startswith("error: ")
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "tensorboard", "wandb"])
+def test_a_tracker_whose_package_is_missing_names_its_extra(tracker, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, tracker, None)  # how Python marks a module that cannot be imported
+    message = f"{tracker} is not installed; pip install 'posttrain[{tracker}]'"
+    code, err = run_cli(capsys, "validate", write_spec(tmp_path, with_stage(1, report_to=["tensorboard", tracker])))
+    assert code == 2 and err == f"error: stages[1].report_to: {message}"
+    code, err = run_cli(capsys, "validate", write_spec(tmp_path, {**GOOD, "defaults": {"report_to": [tracker]}}))
+    assert code == 2 and err == f"error: defaults.report_to: {message}"
 
 
 def test_cycle_is_reported_with_its_path(tmp_path, capsys):
@@ -208,7 +224,7 @@ def test_real_process_prints_no_traceback(tmp_path):
 
 def test_validate_prints_dag_with_resolved_defaults(tmp_path, capsys):
     spec = yaml.safe_load(yaml.safe_dump(GOOD))
-    spec["defaults"] = {"retries": 4, "timeout_seconds": 99}
+    spec["defaults"] = {"retries": 4, "timeout_seconds": 99, "report_to": ["tensorboard"]}
     spec["stages"][1]["retries"] = 0
     code = main(["validate", write_spec(tmp_path, spec)])
     out = capsys.readouterr().out
@@ -216,6 +232,7 @@ def test_validate_prints_dag_with_resolved_defaults(tmp_path, capsys):
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "<-" in line}
     assert "retries=4" in lines["warmup"] and "timeout=99s" in lines["warmup"]
     assert "retries=0" in lines["sft"] and "<- warmup" in lines["sft"]
+    assert "report_to=tensorboard" in lines["sft"] and "report_to" not in lines["warmup"]  # only training reports
     assert "<- sft" in lines["eval"]
     assert not (tmp_path / "store").exists()
 

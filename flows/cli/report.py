@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flows.spec import PipelineSpec, topological_order
-from tasks.common.progress import format_duration
+from tasks.common.progress import step_and_eta
 from tasks.kinds import produces
 
 
@@ -16,8 +16,10 @@ def print_dag(spec: PipelineSpec) -> None:
     for stage in topological_order(spec):
         deps = [target for _, target, _ in spec.inputs_of(stage)]
         r = spec.resolved(stage)
+        trains = "report_to" in type(stage).model_fields  # the defaults' trackers apply to training stages only
+        trackers = f" report_to={','.join(r.report_to)}" if r.report_to and trains else ""
         print(f"  {stage.id:<14} {stage.kind:<11} <- {', '.join(deps) or '-':<16} retries={r.retries} "
-              f"retry_delay={r.retry_delay_seconds:g}s timeout={r.timeout_seconds:g}s gpus={r.gpus}")
+              f"retry_delay={r.retry_delay_seconds:g}s timeout={r.timeout_seconds:g}s gpus={r.gpus}{trackers}")
         params = ", ".join(f"{k}={v}" for k, v in stage.params().items() if k != "kind")
         print(f"  {'':<14} {params}")
 
@@ -41,16 +43,9 @@ def print_stage_table(summary: dict) -> None:
         if stage.get("error"):
             print(f"{'':<14} error: {stage['error']}")
     for stage_id, progress in summary.get("running", {}).items():
-        print(f"{stage_id:<14} {'':<11} {'running':<10} {'':>8}  {running_line(progress)}")
+        print(f"{stage_id:<14} {'':<11} {'running':<10} {'':>8}  {step_and_eta(progress)}")
     for stage_id in summary.get("not_run", []):
         print(f"{stage_id:<14} {'':<11} {'not run':<10}  (an input stage failed)")
-
-
-def running_line(progress: dict) -> str:
-    """`step 40/120 (33%), ETA 1m05s` of a running stage."""
-    step, total, eta = progress.get("step"), progress.get("total"), progress.get("eta_seconds")
-    line = f"step {step}/{total}" + (f" ({step / total:.0%})" if isinstance(step, int) and total else "")
-    return line + (f", ETA {format_duration(eta)}" if isinstance(eta, (int, float)) else "")
 
 
 def print_run_report(summary: dict) -> None:
@@ -108,6 +103,6 @@ def print_run_list(store, evaluations_of) -> None:
     print(f"{'run id':<40} {'state':<10} {'started':<26} stages")
     for summary in recent:
         states = " ".join([*(f"{s['id']}={s['state']}" for s in summary["stages"]),
-                           *(f"{stage_id}=running({running_line(p)})" for stage_id, p in summary.get("running", {}).items())])
+                           *(f"{stage_id}=running({step_and_eta(p)})" for stage_id, p in summary.get("running", {}).items())])
         print(f"{summary['run_id']:<40} {summary['state']:<10} {summary['started']:<26} {states}")
         print_evaluations([row for row in evaluated[summary["pipeline"]] if row["run_id"] == summary["run_id"]])

@@ -13,6 +13,7 @@ from artifacts.refs import Ref
 from artifacts.store import Store
 from data_contracts.config import ContractParams
 from models.config import ModelConfig
+from tasks.config import Defaults
 
 PROGRESS_SECONDS = 2.0  # how often a running stage tells the orchestrator its progress
 
@@ -43,6 +44,11 @@ class StageContext:
     output_name: str = ""  # name of the primary output (`<pipeline>/<stage id>` unless the request says otherwise)
     announce_path: Path | None = None  # where new checkpoints are announced to the orchestrator, one JSON line each
     sources: dict = field(default_factory=dict)  # what the orchestrator kept of the stage's outside data (request.sources)
+    orchestration: Defaults = field(default_factory=Defaults)  # the resolved settings (request.orchestration)
+    # {name: value} of the environment variables the spec took values from: trackers show `${NAME}` instead
+    filled: dict[str, str] = field(default_factory=dict)
+    # the orchestrator's working folder (the child runs in the project's): where trackers keep local files
+    orchestrator_cwd: Path = field(default_factory=Path.cwd)
     started: float = field(default_factory=time.monotonic)
     _told_progress: float = field(default=float("-inf"), repr=False)
 
@@ -81,6 +87,13 @@ class StageContext:
     def announce_checkpoint(self, ref: str, step: int | None = None) -> None:
         """Tell the orchestrator a checkpoint was committed (it emits the checkpoint event at once)."""
         self._tell({"ref": ref, "stage": self.stage_id, "step": step})
+
+    def show_report(self, markdown: str, step: int) -> None:
+        """The stage's report so far (markdown, its images inline: tasks/common/report_images.py),
+        which the orchestrator publishes as the stage's report artifact in Prefect (the newest
+        version of the key is what the UI shows; the committed report follows at the end)."""
+        if self.is_main:
+            self._tell({"report": markdown, "step": step})
 
     def _tell(self, message: dict) -> None:
         """One JSON line to the orchestrator (tasks/runtime/runner.py reads them as they come)."""

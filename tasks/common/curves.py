@@ -1,7 +1,9 @@
 """A training stage's report: its step metrics as JSONL, a PNG of their curves and a markdown summary.
 
 The folder this writes (metrics.jsonl, curves.png, report.md) is what a stage commits as its
-`report` output; the flow shows report.md as a Prefect artifact.
+`report` output; the flow shows report.md as a Prefect artifact (flows/report_artifacts.py). At
+each in-stage checkpoint `report_so_far` renders the same report of the steps so far, its curves
+inline, which the orchestrator shows under the same artifact key.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 PLOTTED_METRICS = ("reward", "accuracy", "kl", "doom_loop_rate", "clip_fraction", "entropy",
                    "tokens_per_second", "loss")
 COLUMNS = 3
+METRICS_LINK = "\nEvery step's metrics: [metrics.jsonl](metrics.jsonl)\n"
 
 
 def write_training_report(history: list[dict], out_dir: Path, title: str) -> None:
@@ -22,7 +25,21 @@ def write_training_report(history: list[dict], out_dir: Path, title: str) -> Non
     write_metrics_jsonl(history, out_dir / "metrics.jsonl")
     series = metric_series(history)
     plot_curves(series, out_dir / "curves.png", title)
-    (out_dir / "report.md").write_text(report_markdown(series, title, len(history)))
+    (out_dir / "report.md").write_text(report_markdown(series, title, len(history)) + METRICS_LINK)
+
+
+def report_so_far(history: list[dict], work_dir: Path, title: str, note: str) -> str:
+    """The report of the steps so far as markdown with its curves inline (a data: URI): what an
+    in-stage checkpoint shows in the Prefect UI. The PNG is drawn into `work_dir`; `note` says
+    where the stage is."""
+    from tasks.common.report_images import inline_images, unlink_relative
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    series = metric_series(history)
+    plot_curves(series, work_dir / "curves.png", title)
+    markdown = report_markdown(series, title, len(history), note)
+    return unlink_relative(inline_images(markdown, lambda name: (work_dir / name).read_bytes()))
 
 
 def write_metrics_jsonl(history: list[dict], path: Path) -> None:
@@ -81,8 +98,8 @@ def plot_curves(series: dict, path: Path, title: str) -> None:
     figure.savefig(path, format="png")
 
 
-def report_markdown(series: dict, title: str, n_steps: int) -> str:
-    lines = [f"# {title}", "", f"{n_steps} logged steps.", ""]
+def report_markdown(series: dict, title: str, n_steps: int, note: str = "") -> str:
+    lines = [f"# {title}", "", *([note, ""] if note else []), f"{n_steps} logged steps.", ""]
     if series:
         lines += ["| metric | first | last | min | max |", "|---|---|---|---|---|"]
         for metric, by_label in series.items():

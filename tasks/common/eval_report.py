@@ -1,7 +1,8 @@
 """An evaluation's report: a markdown table of every checkpoint × env and a PNG of its rates.
 
 The folder this writes (report.md, evaluation.png, metrics.json) is the `report` output of an
-evaluation; the flows publish report.md as a Prefect artifact.
+evaluation; the flows publish report.md as a Prefect artifact, the chart inline
+(flows/report_artifacts.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def report_markdown(metrics: dict, checkpoints: dict[str, str], title: str) -> s
         for env_id, values in by_env.items():
             cells = [_cell(values.get(column)) for column in TABLE_COLUMNS]
             lines.append(f"| `{checkpoints[key]}` | {env_id} | " + " | ".join(cells) + " |")
-    lines += ["", "![rates](evaluation.png)", ""]
+    lines += ["", "![rates](evaluation.png)", "", "As JSON: [metrics.json](metrics.json)", ""]
     return "\n".join(lines)
 
 

@@ -80,6 +80,14 @@ class Progress:
         return f"{speed} ETA {format_duration(self.eta_seconds(step))}"
 
 
+def step_and_eta(progress: dict) -> str:
+    """`step 40/120 (33%), ETA 1m05s` of a progress report {step, total, eta_seconds} (read back from
+    a store, so any field may be missing or odd)."""
+    step, total, eta = progress.get("step"), progress.get("total"), progress.get("eta_seconds")
+    line = f"step {step}/{total}" + (f" ({step / total:.0%})" if isinstance(step, int) and total else "")
+    return line + (f", ETA {format_duration(eta)}" if isinstance(eta, (int, float)) else "")
+
+
 def format_duration(seconds: float) -> str:
     """45s, 2m10s, 1h02m."""
     seconds = round(seconds)

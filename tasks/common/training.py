@@ -15,6 +15,7 @@ from models.loading import load_model
 from tasks.common import checkpointing
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.progress import Progress
+from tasks.common.trackers import Trackers
 from tasks.config import DatasetTrainStage, TrainStage
 
 LOG_EVERY = 25
@@ -110,6 +111,7 @@ class Training:
     tokens_seen: int = 0
     began: float = field(default_factory=time.monotonic)
     progress: Progress | None = None  # set by start_training, once the resumed step is known
+    trackers: Trackers = field(default_factory=Trackers)  # the stage's report_to, started by start_training
 
     def record(self, step: int, tokens: int, **values: float) -> None:
         """Log step `step` (0-based); save and promote an in-stage checkpoint when one is due."""
@@ -117,6 +119,7 @@ class Training:
         entry = {"step": step + 1, **{k: round(v, 5) for k, v in values.items()}, "tokens": tokens,
                  "tokens_per_second": round(self.tokens_per_second, 1), "lr": self.scheduler.get_last_lr()[0]}
         self.history.append(entry)
+        self.trackers.log_step(entry)
         if self.ctx.is_main:  # one progress line per stage, not one per process
             self.progress.update(step + 1, **{k: v for k, v in values.items() if k in PROGRESS_METRICS},
                                  tokens_per_second=self.tokens_per_second)
@@ -139,8 +142,23 @@ class Training:
         ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1])
         self.promoted.append(ref)
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "rng": checkpointing.rng_state(), "history": self.history, "promoted": self.promoted}
+                 "rng": checkpointing.rng_state(), "history": self.history, "promoted": self.promoted,
+                 "trackers": self.trackers.ids}
         checkpointing.save(self.ctx, step, model, state)
+        self._show_report(step, ref)
+
+    def _show_report(self, step: int, ref: str) -> None:
+        """The report so far, its curves inline, for the stage's report artifact in Prefect (best
+        effort: a display that fails never fails the stage)."""
+        from tasks.common.curves import report_so_far
+
+        note = (f"*In progress: step {step} of {self.steps}, checkpoint `{ref}`. The committed report "
+                "replaces this one when the stage ends.*")
+        try:
+            self.ctx.show_report(report_so_far(self.history, self.ctx.workdir / "report-so-far",
+                                               f"{self.ctx.pipeline}/{self.ctx.stage_id}", note), step)
+        except Exception as exc:  # noqa: BLE001
+            self.ctx.log(f"report at step {step} not shown: {type(exc).__name__}: {exc}", "WARNING")
 
     @property
     def tokens_per_second(self) -> float:
@@ -155,6 +173,7 @@ class Training:
         self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir))
         self.tokenizer.save_pretrained(str(out_dir))
         write_training_report(self.history, report_dir, f"{self.ctx.pipeline}/{self.ctx.stage_id}")
+        self.trackers.finish()
         metrics = {"steps": self.steps, "resumed_from_step": self.start,
                    "train_tokens_per_second": round(self.tokens_per_second, 1),
                    "promoted_checkpoints": self.promoted, **metrics}
@@ -188,6 +207,8 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     if accelerator.num_processes > 1 and ctx.is_main:
         ctx.log(f"{accelerator.num_processes} processes ({accelerator.distributed_type.value}), each on its "
                 "share of every batch")
+    training.trackers = Trackers.start(ctx, stage, resumed.state.get("trackers", {}) if resumed else {},
+                                       training.history)
     training.progress = Progress(steps, training.start, ctx.stage_id, log_every=LOG_EVERY,
                                  on_update=ctx.report_progress)
     model.train()

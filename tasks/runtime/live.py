@@ -1,14 +1,16 @@
 """A running stage's progress where users look, as its child reports it (StageContext.report_progress):
 a file in the store, which the pipeline flow folds into the run summary's `running` (so `posttrain
 status` shows the step and ETA, on a worker too), and a Prefect progress artifact on the task run.
-Best effort: progress that cannot be shown never fails a stage."""
+And its report so far (StageContext.show_report, at each in-stage checkpoint of a training stage)
+as a markdown artifact of the task run. Best effort: what cannot be shown never fails a stage."""
 
 from __future__ import annotations
 
 import warnings
 
 from artifacts.store import Store, StoreError
-from tasks.common.progress import format_duration
+from tasks.common.progress import step_and_eta
+from tasks.common.report_images import report_key
 
 
 def progress_path(store: Store, run_id: str, stage_id: str) -> str:
@@ -48,9 +50,7 @@ class LiveProgress:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         percent = 100.0 * progress["step"] / max(1, progress["total"])
-        eta = progress.get("eta_seconds")
-        description = (f"{self.stage_id}: step {progress['step']}/{progress['total']}"
-                       + (f", ETA {format_duration(eta)}" if eta is not None else ""))
+        description = f"{self.stage_id}: {step_and_eta(progress)}"
         if self.artifact is None:
             self.artifact = create_progress_artifact(percent, description=description)
         else:
@@ -61,3 +61,24 @@ class LiveProgress:
             self.store.remove(self.path)
         except (OSError, StoreError):
             pass
+
+
+class LiveReport:
+    """`live(markdown, step)` for each report so far the child sends: a markdown artifact under the
+    stage's report key (the key the flow publishes the committed report under, so the UI's latest
+    version of it is the newest), attached to the task run."""
+
+    def __init__(self, pipeline: str, stage_id: str):
+        self.stage_id, self.key = stage_id, report_key(pipeline, stage_id)
+        self.failed = False
+
+    def __call__(self, markdown: str, step: int | None) -> None:
+        try:
+            from prefect.artifacts import create_markdown_artifact
+
+            create_markdown_artifact(markdown=markdown, key=self.key,
+                                     description=f"report of stage {self.stage_id} so far (step {step})")
+        except Exception as exc:  # noqa: BLE001 - a report display must not fail the stage
+            if not self.failed:
+                warnings.warn(f"{self.stage_id}: report at step {step} not shown: {exc}", stacklevel=1)
+            self.failed = True

@@ -23,7 +23,7 @@ from tasks.runtime.cache import cache_path, cached_result
 from tasks.runtime.claims import Claim, ClaimTimeout, claim_stage
 from tasks.runtime.events import emit_checkpoint_created
 from tasks.runtime.launch import start_child
-from tasks.runtime.live import LiveProgress
+from tasks.runtime.live import LiveProgress, LiveReport
 
 ANNOUNCE_POLL_SECONDS = 0.5
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -63,11 +63,14 @@ def retry_unless_contract_failed(task, task_run, state) -> bool:
 class ChildMessages:
     """What a running child tells the orchestrator, one JSON line each (StageContext._tell), read
     as it comes: committed checkpoints (`on_checkpoint(ref, step)`), log lines (relayed to the task
-    run's logs in Prefect) and progress (`on_progress(progress)`)."""
+    run's logs in Prefect), progress (`on_progress(progress)`) and its report so far
+    (`on_report(markdown, step)`)."""
 
     def __init__(self, path: Path, on_checkpoint: Callable[[str, int | None], None],
-                 on_progress: Callable[[dict], None] = lambda progress: None):
+                 on_progress: Callable[[dict], None] = lambda progress: None,
+                 on_report: Callable[[str, int | None], None] = lambda markdown, step: None):
         self.path, self.on_checkpoint, self.on_progress, self.offset, self.refs = path, on_checkpoint, on_progress, 0, []
+        self.on_report = on_report
 
     def drain(self) -> None:
         if not self.path.exists():
@@ -88,6 +91,8 @@ class ChildMessages:
             relay_log(message["log"], message["level"])
         elif "progress" in message:
             self.on_progress(message["progress"])
+        elif "report" in message:
+            self.on_report(message["report"], message.get("step"))
 
 
 def relay_log(line: str, level: str) -> None:
@@ -100,14 +105,15 @@ def relay_log(line: str, level: str) -> None:
 
 
 def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
-                 on_progress=lambda progress: None) -> dict:
+                 on_progress=lambda progress: None, on_report=lambda markdown, step: None) -> dict:
     """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
     `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
-    result lists them; `on_progress(progress)` is called as the child reports it."""
+    result lists them; `on_progress(progress)` and `on_report(markdown, step)` are called as the
+    child reports them."""
     timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress)
+        messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress, on_report)
         request = request.model_copy(update={"announce_path": str(messages.path)})
         request_path.write_text(request.model_dump_json())
         process = start_child(request.orchestration.gpus, request_path, result_path)
@@ -171,7 +177,7 @@ def run_stage(request: StageRequest):
     try:
         with gpu_slots(request.orchestration.gpus):
             result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
-                                  on_progress=live)
+                                  on_progress=live, on_report=LiveReport(request.pipeline, request.stage.id))
         store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
                                                                 **result})
     finally:

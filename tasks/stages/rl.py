@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -69,6 +69,7 @@ class RlStage(TrainStage):
     learning_rate: float = Field(1e-5, gt=0)
     warmup_steps: int = Field(5, ge=0)
     checkpoint_every: int = Field(50, gt=0)
+    samples_every: int = Field(10, gt=0)  # a table of the step's episodes to the trackers of report_to
 
     @model_validator(mode="after")
     def _clip_range(self):
@@ -84,6 +85,9 @@ class RlStage(TrainStage):
 
     def env_refs(self):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs]
+
+    def params(self) -> dict:
+        return {key: value for key, value in super().params().items() if key != "samples_every"}  # reporting only
 
     def stage_refs(self):
         return [("policy", self.policy, "checkpoint")]
@@ -110,6 +114,7 @@ class Scored:
     repetition: float  # the anti-doom term before its weight (0 without anti_doom)
     overlong: float  # the overlong term before its weight (0 without overlong)
     valid_trace: bool
+    rewards: dict = field(default_factory=dict)  # each reward function's value (the rubric's and the stage's)
 
     @property
     def reward(self) -> float:
@@ -135,7 +140,8 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
     rubric's score of the transcript plus the stage's shaping of the actions."""
     text, task, actions = trajectory.text, trajectory.task, "".join(trajectory.actions)
     score = rubric.score(text, task, trajectory.outcome, trajectory.completion()[0])
-    shaping = anti_doom_rubric(stage).score(actions, task, trajectory.outcome).total
+    shaped = anti_doom_rubric(stage).score(actions, task, trajectory.outcome)
+    shaping = shaped.total
     valid = trace_is_valid(actions, trajectory.truncated)
     total = score.total
     if not valid and stage.anti_doom is not None and stage.anti_doom.validate_trace and math.isfinite(total):
@@ -152,7 +158,8 @@ def score_trajectory(trajectory: Trajectory, env, rubric: Rubric, stage: RlStage
     repetition = repetition_excess(actions, stage.anti_doom.ngram, stage.anti_doom.threshold) \
         if stage.anti_doom is not None else 0.0
     return Scored(trajectory, step_rewards, env.is_correct(text, task, trajectory.outcome),
-                  detector.is_loop(actions, trajectory.truncated), repetition, overlong, valid)
+                  detector.is_loop(actions, trajectory.truncated), repetition, overlong, valid,
+                  {**score.rewards, **shaped.rewards})
 
 
 def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0):
@@ -240,6 +247,12 @@ def position_metrics(sampled: list[Scored], prefix: str = "") -> dict:
     return metrics
 
 
+def sample_rows(sampled: list[Scored]) -> list[dict]:
+    """A step's episodes as rows of the trackers' samples table."""
+    return [{"env": s.trajectory.env_id, "prompt": s.trajectory.task.prompt, "completion": s.trajectory.text,
+             "reward": s.reward, **s.rewards} for s in sampled]
+
+
 def reference_logps(training, reference, batch, temperature: float):
     """Log-probs under the KL reference: the frozen input checkpoint, or with LoRA the policy
     with its adapters disabled."""
@@ -312,6 +325,8 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
         if stage.dynamic_sampling is not None:
             metrics.update(kept_groups=len(groups), draws=draws)
         training.record(step, completion_tokens, **metrics)
+        if training.trackers.active and (step + 1) % stage.samples_every == 0:
+            training.trackers.log_table(step + 1, sample_rows(sampled))
     history = training.history
     last = history[-10:]
     return training.finish({"algorithm": stage.algorithm,

@@ -18,12 +18,15 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
 @contextmanager
-def prefect_server(home: Path):
-    """Yields the env vars that point a client at the server (PREFECT_API_URL, PREFECT_HOME)."""
+def prefect_server(home: Path, ui: bool = False):
+    """Yields the env vars that point a client at the server (PREFECT_API_URL, PREFECT_HOME; with
+    `ui`, PREFECT_UI_URL: where its web UI is, a few seconds more to start)."""
     port = free_port()
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "false",
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": str(ui).lower(),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if ui:  # the UI's pages call this API (else they call port 4200)
+        env.update(PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_SERVER_API_PORT=str(port))
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -33,7 +36,8 @@ def prefect_server(home: Path):
         wait_until(lambda: answers(f"{api}/health"), 180, lambda: f"server not up: {(home / 'server.log').read_text()[-2000:]}")
         # runners and workers poll fast so a test does not wait on their default 10-15 s intervals
         yield {"PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-               "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+               "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+               **({"PREFECT_UI_URL": f"http://127.0.0.1:{port}"} if ui else {})}
     finally:
         stop(server)
         log.close()

@@ -1,0 +1,61 @@
+"""The training curves and the evaluation chart as the Prefect UI shows them, in a real browser.
+
+A tiny pipeline on an s3:// store (moto) runs against the shared Prefect server (its UI on);
+headless Chromium opens the report artifacts' pages and the images must have loaded. The
+screenshots go to tests/output/test_report_ui/ (git-ignored).
+"""
+
+import os
+
+import httpx
+
+from conftest import ROOT
+from tests.e2e.browser import browser_paths, chromium, loaded_data_images, screenshot
+from tests.e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+
+OUTPUT = ROOT / "tests" / "output" / "test_report_ui"
+
+
+def report_artifacts(api: str, run_id: str, key: str) -> list[dict]:
+    """The versions of report artifact `key` made in pipeline run `run_id`, oldest first."""
+    [flow_run] = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
+    body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run["id"]]}}}
+    response = httpx.post(f"{api}/artifacts/filter", json=body)
+    response.raise_for_status()
+    return sorted(response.json(), key=lambda artifact: artifact["created"])
+
+
+def test_curves_and_evaluation_chart_render_in_the_prefect_ui_refreshed_at_each_checkpoint(tmp_path, s3_endpoint):
+    browser_paths()  # skip (or fail, where they could be installed) before running anything
+    api, ui = os.environ["PREFECT_API_URL"], os.environ["PREFECT_UI_URL"]
+    pipeline = tiny_spec(f"s3://posttrain-test/{tmp_path.name}", storage_options={"endpoint_url": s3_endpoint},
+                         name="report-ui", sft={"max_steps": 4, "batch_size": 8, "checkpoint_every": 2})
+    pipeline["stages"][0]["n"] = 64
+    pipeline["stages"][2].update(n=4, max_new_tokens=8)
+    run = posttrain("run", write(tmp_path, pipeline), "--summary-json", tmp_path / "run.json")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_summary = summary(tmp_path / "run.json")
+    assert [s["state"] for s in run_summary["stages"]] == ["completed"] * 3
+
+    # the report so far at the in-stage checkpoint (step 2, on the task run), then the committed one
+    so_far, final = report_artifacts(api, run_summary["run_id"], "report-ui-sft-report")
+    assert so_far["task_run_id"] and not final["task_run_id"]
+    assert "step 2 of 4" in so_far["data"] and "2 logged steps" in so_far["data"]
+    assert "4 logged steps" in final["data"] and by_id(run_summary)["sft"]["outputs"]["report"] in final["data"]
+    for artifact in (so_far, final):
+        assert "![curves](data:image/png;base64," in artifact["data"]
+    assert "[metrics.jsonl](s3://posttrain-test/" in final["data"]  # the data stays in the store
+    [evaluation] = report_artifacts(api, run_summary["run_id"], "report-ui-final-eval-report")
+    assert "![rates](data:image/png;base64," in evaluation["data"]
+
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with chromium() as browser:
+        for name, artifact, alt in (("curves-at-step-2", so_far, "curves"), ("curves", final, "curves"),
+                                    ("evaluation", evaluation, "rates")):
+            images = loaded_data_images(browser, f"{ui}/artifacts/artifact/{artifact['id']}")
+            assert [(a, complete) for a, complete, _, _ in images] == [(alt, True)], images
+            assert images[0][2] > 0 and images[0][3] > 0  # natural width and height: the PNG decoded
+            path = OUTPUT / f"{name}.png"
+            screenshot(browser, path)
+            assert path.stat().st_size > 0
+            print(f"screenshot of the {name} artifact page: {path}")
