@@ -10,13 +10,16 @@ far goes out under the same key at each in-stage checkpoint (tasks/runtime/live.
 from __future__ import annotations
 
 import posixpath
+import tempfile
+from pathlib import Path
 
 from artifacts.refs import Ref
-from artifacts.store import Store
-from tasks.common.report_images import RELATIVE_LINK, inline_images, report_key
+from artifacts.store import Store, StoreError
+from tasks.common.report_images import MAX_SOURCE_BYTES, RELATIVE_LINK, inline_images, report_key
 
 REPORT_SUFFIX = ".report"
 REPORT_MARKDOWN = "report.md"
+MAX_MARKDOWN_BYTES = 1024 * 1024  # a report's own text; a bigger one is not published
 
 
 def report_refs(outputs: dict[str, str]) -> list[Ref]:
@@ -41,17 +44,27 @@ def rewrite_relative_links(markdown: str, base_uri: str) -> str:
 
 def report_artifact_markdown(store: Store, ref: Ref) -> str:
     """The committed report as the UI shows it: its images (files of the version's manifest) inline,
-    its other relative links into the store."""
-    report = store.read_bytes(store.version_path(ref, REPORT_MARKDOWN)).decode()
-    files = {entry["path"] for entry in store.manifest(ref)["files"]}
+    its other relative links into the store. The files are read as `Store.fetch` checks them
+    (no symlink, the manifest's size and sha256), so a tampered store cannot put another file's
+    bytes into an artifact."""
+    with tempfile.TemporaryDirectory(prefix="posttrain-report-") as scratch:
+        folder = store.fetch(ref, None if store.local else Path(scratch), hashes=True)
+        files = {entry["path"] for entry in store.manifest(ref)["files"]}  # each checked by fetch
 
-    def read(name: str) -> bytes:
-        if name not in files:
-            raise FileNotFoundError(name)
-        return store.read_bytes(store.version_path(ref, name))
+        def size(name: str) -> int:
+            return (folder / name).stat().st_size if name in files else -1
 
-    return (rewrite_relative_links(inline_images(report, read), version_uri(store, ref))
-            + f"\nArtifact: `{ref}` in `{store.uri}`\n")
+        if not 0 <= size(REPORT_MARKDOWN) <= MAX_MARKDOWN_BYTES:
+            raise StoreError(f"{ref}: no {REPORT_MARKDOWN} of at most {MAX_MARKDOWN_BYTES} bytes")
+        report = (folder / REPORT_MARKDOWN).read_text(errors="replace")
+
+        def read(name: str) -> bytes:
+            if not 0 <= size(name) <= MAX_SOURCE_BYTES:
+                raise FileNotFoundError(name)  # not the version's, or too big to show: stays a link
+            return (folder / name).read_bytes()
+
+        inlined = inline_images(report, read)
+    return rewrite_relative_links(inlined, version_uri(store, ref)) + f"\nArtifact: `{ref}` in `{store.uri}`\n"
 
 
 def publish_reports(store: Store, pipeline: str, stage_id: str, outputs: dict[str, str]) -> list[str]:

@@ -168,6 +168,7 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
                         "from the environment or the AWS credential chain, not the spec (only known non-secret "
                         "options are accepted here)")
+    _check_mlflow_uris(spec)
     if read_sources:  # a spec read back from the store only evaluates: its trainings have run
         _check_trackers(spec)
     return spec
@@ -257,6 +258,18 @@ def _check_trackers(spec: PipelineSpec) -> None:
             install = missing_package(tracker)
             if install:
                 raise SpecError(f"{path}: {tracker} is not installed; {install}")
+
+
+def _check_mlflow_uris(spec: PipelineSpec) -> None:
+    """No credentials in an `mlflow_uri` (`https://user:pw@host`): the request carries it to the
+    stage's process and to Prefect flow-run parameters. (Checked here, not by a pydantic validator,
+    whose error would repeat the value.)"""
+    named = [("defaults", spec.defaults)] + [(f"stages[{i}]", stage) for i, stage in enumerate(spec.stages)]
+    for path, settings in named:
+        uri = getattr(settings, "mlflow_uri", None) or ""
+        if "@" in uri.partition("://")[2].split("/")[0]:  # its authority (urlsplit raises on some typos)
+            raise SpecError(f"{path}.mlflow_uri: credentials must not be in the URI; set MLFLOW_TRACKING_USERNAME "
+                            "and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment")
 
 
 def _check_graph(spec: PipelineSpec) -> None:

@@ -40,7 +40,7 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
                         evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
                         sources=kept, code={path: source for code in carried.values() for path, source in code.items()},
-                        filled=sorted(spec.filled), orchestrator_cwd=str(Path.cwd()))
+                        filled=sorted(spec.filled))
 
 
 def stage_parameters(spec: PipelineSpec, request: StageRequest) -> dict:

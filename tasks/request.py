@@ -56,7 +56,9 @@ class StageRequest(BaseModel):
     # {relative path: source}, put on the child's import path
     code: dict[str, str] = {}
     filled: list[str] = []  # the environment variables the spec took values from (never logged to trackers)
-    orchestrator_cwd: str | None = None  # the folder `posttrain run` runs in: trackers' ./mlruns and ./wandb
+    # set by the runner: the working folder of the process running the stage's task (`posttrain run`, or
+    # a worker's flow run), where trackers keep ./mlruns and ./wandb (the child runs in the project's)
+    orchestrator_cwd: str | None = None
 
     @property
     def primary_name(self) -> str:

@@ -75,3 +75,14 @@ def test_generate_writes_whole_episodes_with_complementary_masks():
         assert len(row["tokens"]) == len(row["loss_mask"]) == len(row["env_mask"]) > 0
         assert all(a + b == 1 for a, b in zip(row["loss_mask"], row["env_mask"]))
         assert row["turns"] >= 1 and row["finish_reason"] in ("stop", "length")
+
+
+def test_episodes_out_of_turns_are_reported_over():
+    """Progress (synthesize, generate) counts an episode that ran out of turns as done."""
+    tasks = ENV.tasks("train", 3, 0)
+    scripts = [[ENV.oracle_actions(task)[0]] * (ENV.max_turns + 1) for task in tasks]  # tool calls only
+    over = []
+    trajectories = roll_out(ScriptedPolicy(TOKENIZER, scripts), TOKENIZER, ENV, tasks, SamplingParams(64),
+                            on_finished=over.append)
+    assert not any(t.finished for t in trajectories)
+    assert over == [0] * ENV.max_turns + [3]

@@ -2,7 +2,10 @@ import base64
 import io
 import json
 import re
+import struct
 import warnings
+import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -125,6 +128,57 @@ def test_only_the_versions_own_images_are_inlined_and_a_huge_one_is_shrunk():
     assert "../other/x.png" not in asked and "notes.txt" not in asked
     assert unlink_relative("![gone](gone.png) [notes](notes.txt) [w](https://x.org)") == \
         "*gone: not shown* notes [w](https://x.org)"
+
+
+@pytest.mark.parametrize("planted", ["curves.png", "report.md"])
+def test_a_report_file_swapped_for_a_symlink_publishes_nothing_of_its_target(tmp_path, planted):
+    """A hostile local store replaces a committed report's file with a link to a secret: the
+    report is read as `fetch` checks it, so the artifact is refused instead of carrying the secret."""
+    from artifacts.store import StoreError
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    write_training_report([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], tmp_path / "report", "demo/sft")
+    ref = store.commit("demo/sft.report", "report", tmp_path / "report", producer={"stage_id": "sft"})
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"TOP-SECRET-VALUE")
+    target = Path(store.version_path(ref, planted))
+    target.unlink()
+    target.symlink_to(secret)
+    with pytest.raises(StoreError, match="symlink"):
+        report_artifact_markdown(store, ref)
+
+
+def test_a_picture_is_inlined_once_at_most_max_images_and_never_decoded_when_huge():
+    from PIL import Image
+
+    from tasks.common.report_images import MAX_IMAGES
+
+    def png(width, height) -> bytes:
+        buffer = io.BytesIO()
+        Image.new("L", (width, height)).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def claimed(width, height) -> bytes:
+        """A PNG header (and no pixels) that claims width x height: a "decompression bomb"."""
+        header = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+        return (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + header + struct.pack(">I", zlib.crc32(header))
+                + struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND")))
+
+    small = png(8, 8)
+    bomb = claimed(7000, 7000)  # 49M pixels: over MAX_PIXELS, under Pillow's own bomb warning
+    assert Image.open(io.BytesIO(bomb)).size == (7000, 7000)
+    files = {f"p{i}.png": small for i in range(MAX_IMAGES + 2)} | {"bomb.png": bomb + b"\0" * MAX_IMAGE_BYTES}
+    asked = []
+
+    def read(name):
+        asked.append(name)
+        return files[name]
+
+    out = inline_images(" ".join(["![a](p0.png)"] * 1000), read)
+    assert out.count("data:image/png") == 1 and asked == ["p0.png"]  # one copy, however often it is named
+    out = inline_images(" ".join(f"![a](p{i}.png)" for i in range(MAX_IMAGES + 2)), read)
+    assert out.count("data:image/png") == MAX_IMAGES
+    assert inline_images("![b](bomb.png)", read) == "![b](bomb.png)"  # left a link, not decoded
 
 
 def test_an_in_stage_checkpoint_sends_the_curves_so_far_and_the_runner_publishes_them(tmp_path):

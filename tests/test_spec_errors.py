@@ -154,6 +154,12 @@ CASES = {
     "tracker on a stage that does not train": (with_stage(0, report_to=["mlflow"]), "stages[0].report_to: unknown key"),
     "unknown tracker in defaults": ({**GOOD, "defaults": {"report_to": ["neptune"]}},
                                     "defaults.report_to[0]: Input should be 'mlflow', 'tensorboard' or 'wandb'"),
+    "mlflow_uri with credentials": (
+        with_stage(1, mlflow_uri="https://user:pw@mlflow.example"),
+        "stages[1].mlflow_uri: credentials must not be in the URI; set MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment"),
+    "mlflow_uri with credentials in defaults": (
+        {**GOOD, "defaults": {"mlflow_uri": "https://token@mlflow.example"}}, "defaults.mlflow_uri: credentials"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }

@@ -73,11 +73,34 @@ def test_mlflow_holds_params_every_step_and_the_samples_and_a_resume_continues_i
     assert tables == ["samples/step-000002.json", "samples/step-000004.json"]
     # (client.load_table would search the fluent API's default store, not this client's)
     table = json.loads(Path(client.download_artifacts(run.info.run_id, tables[0], str(root))).read_text())
-    assert table["columns"] == ["env", "prompt", "completion", "reward", "correct", "format", "words"]
+    assert table["columns"] == [
+        "env", "prompt", "completion", "reward", "reward_correct", "reward_format", "reward_words"]
     assert len(table["data"]) == 4 and all(row[1] and row[0] == "arith" for row in table["data"])
     started = [line["log"] for line in logged(root, "w1") if "reporting to mlflow" in line["log"]]
     continued = [line["log"] for line in logged(root, "w2") if "reporting to mlflow" in line["log"]]
     assert run.info.run_id in started[0] and f"continuing run {run.info.run_id}" in continued[0]
+
+
+def test_a_resume_into_another_mlflow_store_starts_a_run_there_and_replays_the_history(tracked, tmp_path):
+    """The in-stage state (its run id) is keyed by the cache key, which leaves mlflow_uri out."""
+    from mlflow import MlflowClient
+
+    from tasks.common.trackers import Trackers
+
+    root, _, _ = tracked
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
+    [first] = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    ctx = tracked_context(tmp_path, "w", None, "t/sft@1", report_to=["mlflow"], mlflow_uri=other)
+    history = [{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}]
+    trackers = Trackers.start(ctx, rl_stage(), {"mlflow": first.info.run_id}, history)
+    trackers.finish()
+    [run_id] = trackers.ids.values()
+    assert run_id != first.info.run_id
+    assert [(m.step, m.value) for m in MlflowClient(tracking_uri=other).get_metric_history(run_id, "reward")] == [
+        (1, 0.25), (2, 0.5)]
+    [line] = [line["log"] for line in logged(tmp_path, "w")]
+    assert line.startswith(f"[rl] reporting to mlflow: run {run_id}, ")
 
 
 def scalars_and_texts(folder):
@@ -101,7 +124,7 @@ def test_tensorboard_events_are_in_the_report_and_a_resume_replays_the_history(t
         assert "t/rl/r" in texts["config/text_summary"][0][1] and '"kind": "rl"' in texts["config/text_summary"][0][1]
         assert [step for step, _ in texts["samples/text_summary"]] == table_steps
         header = texts["samples/text_summary"][0][1].splitlines()[0]
-        assert header.startswith("| env | prompt | completion | reward | correct | format")
+        assert header.startswith("| env | prompt | completion | reward | reward_correct | reward_format")
 
 
 def wandb_records(path):
@@ -155,7 +178,7 @@ def test_wandb_runs_offline_with_every_step_and_a_resume_keeps_the_run_id(tracke
     assert [row["_step"] for row in rows if "samples/_type" in row] == [2, 4]
     table = json.loads(next((root / "wandb").glob(f"offline-run-*-{run.run_id}/files/media/table/samples_2_*.json"))
                        .read_text())
-    assert table["columns"][:6] == ["env", "prompt", "completion", "reward", "correct", "format"]
+    assert table["columns"][:6] == ["env", "prompt", "completion", "reward", "reward_correct", "reward_format"]
     assert len(table["data"]) == 4
 
 
@@ -201,6 +224,33 @@ def test_a_tracker_failing_mid_stage_is_dropped_after_one_warning(tmp_path):
     assert toy.steps == [1] and not trackers.active and trackers.ids == {}
     assert [line["log"] for line in logged(tmp_path, "w")] == [
         "[rl] toy tracker failed, no more reporting to it: OSError: disk full"]
+
+
+class Broken:
+    """A tracker whose every call fails."""
+
+    id = None
+    where = "nowhere"
+    calls = 0
+
+    def __init__(self, *args):
+        pass
+
+    def log_step(self, step, metrics):
+        Broken.calls += 1
+        raise OSError("disk full")
+
+
+def test_a_tracker_failing_on_replay_is_called_once_and_warns_once(tmp_path, monkeypatch):
+    from tasks.common import trackers
+
+    monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Broken)
+    monkeypatch.setattr(Broken, "calls", 0)
+    ctx = tracked_context(tmp_path, "w", None, "t/sft@1", report_to=["tensorboard"])
+    started = trackers.Trackers.start(ctx, rl_stage(), {}, [{"step": step, "loss": 1.0} for step in (1, 2, 3)])
+    assert Broken.calls == 1 and not started.active
+    assert [line["log"] for line in logged(tmp_path, "w") if line["level"] == "WARNING"] == [
+        "[rl] tensorboard tracker failed, no more reporting to it: OSError: disk full"]
 
 
 def test_only_rank_0_reports(tmp_path, monkeypatch):

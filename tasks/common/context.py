@@ -47,7 +47,8 @@ class StageContext:
     orchestration: Defaults = field(default_factory=Defaults)  # the resolved settings (request.orchestration)
     # {name: value} of the environment variables the spec took values from: trackers show `${NAME}` instead
     filled: dict[str, str] = field(default_factory=dict)
-    # the orchestrator's working folder (the child runs in the project's): where trackers keep local files
+    # the working folder of the process running the stage's task (the child runs in the project's):
+    # where trackers keep local files
     orchestrator_cwd: Path = field(default_factory=Path.cwd)
     started: float = field(default_factory=time.monotonic)
     _told_progress: float = field(default=float("-inf"), repr=False)

@@ -17,9 +17,12 @@ import re
 from typing import Callable
 
 MAX_IMAGE_BYTES = 512 * 1024  # an inlined image, before base64 (which adds a third)
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # a bigger file is not even read: it stays a link
+MAX_PIXELS = 40_000_000  # a picture with more is not decoded (a small PNG can unpack to gigabytes)
+MAX_IMAGES = 8  # inlined per report, each picture once however often it is named
 MIN_SIDE = 64  # shrinking stops here: a smaller picture shows nothing
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
-               ".webp": "image/webp", ".svg": "image/svg+xml"}
+               ".webp": "image/webp"}
 # ![alt](target) or [text](target) whose target has no scheme and is not absolute or an anchor
 RELATIVE_LINK = re.compile(r"(!?)(\[[^\]]*\]\()(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^)\s]+)\)")
 
@@ -40,16 +43,21 @@ def inline_images(markdown: str, read: Callable[[str], bytes]) -> str:
 
     `read` gets the target as written (normalised, no `..`); an image it cannot read (raises),
     one whose type is not an image's or that cannot be brought under MAX_IMAGE_BYTES stays as
-    it was, for the caller to point into the store. Links that are not images are kept.
+    it was, for the caller to point into the store, as do the pictures past the first MAX_IMAGES
+    (a hostile report naming one picture a thousand times gets it inlined once). Links that are
+    not images are kept.
     """
+    tried: set[str] = set()
+
     def inline(match: re.Match) -> str:
         bang, opening, target = match.groups()
-        uri = None
-        if bang:
-            try:
-                uri = image_data_uri(target, read)
-            except Exception:  # noqa: BLE001 - a picture that cannot be shown stays a link
-                uri = None
+        if not bang or target in tried or len(tried) >= MAX_IMAGES:
+            return match.group(0)
+        tried.add(target)
+        try:
+            uri = image_data_uri(target, read)
+        except Exception:  # noqa: BLE001 - a picture that cannot be shown stays a link
+            uri = None
         return f"{bang}{opening}{uri})" if uri else match.group(0)
 
     return RELATIVE_LINK.sub(inline, markdown)
@@ -61,9 +69,9 @@ def image_data_uri(target: str, read: Callable[[str], bytes]) -> str | None:
     if mime is None or name.startswith("..") or name.startswith("/"):
         return None
     data = read(name)
+    if len(data) > MAX_SOURCE_BYTES:
+        return None
     if len(data) > MAX_IMAGE_BYTES:
-        if mime == "image/svg+xml":
-            return None
         data, mime = shrink(data, MAX_IMAGE_BYTES), "image/png"
         if data is None:
             return None
@@ -75,7 +83,9 @@ def shrink(data: bytes, limit: int) -> bytes | None:
     brings); None when it would get smaller than MIN_SIDE pixels first."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(io.BytesIO(data)) as image:  # reads the header only, not the pixels
+        if image.width * image.height > MAX_PIXELS:
+            return None
         image.load()
         picture = image.convert("RGBA") if image.mode not in ("RGB", "RGBA", "L", "LA") else image.copy()
     while min(picture.size) // 2 >= MIN_SIDE:

@@ -168,6 +168,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
         on_finished(len(trajectories) - len(running))
         if not running:
             return
+    on_finished(len(trajectories))  # the episodes still running are out of turns: over too
 
 
 def ended_ids(tokenizer, text: str, stop: tuple[str, ...]) -> list[int]:

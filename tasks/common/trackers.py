@@ -5,7 +5,8 @@ sample completions every `samples_every` steps. Only the committing process (ran
 A tracker that fails warns once in the stage's log and is dropped: it never fails the stage.
 A resumed stage continues the same MLflow and W&B runs (their ids travel in the in-stage
 checkpoint's state); a tracker without a run to continue (TensorBoard, whose event files live in
-the report folder of this attempt, or one added on resume) first replays the restored history.
+the report folder of this attempt, one added on resume, or MLflow when the run is not in this
+store) first replays the restored history.
 
 The packages are optional extras (`pip install 'posttrain[mlflow]'`, ...), imported only when a
 stage reports to them: they are slow to import.
@@ -35,15 +36,19 @@ class MlflowTracker:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
+        # MLflow's defaults (7 retries with backoff, 120 s a request) would stall the stage for
+        # minutes on a slow or down server before the tracker is dropped; the user's settings win
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         uri = ctx.orchestration.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
         artifacts = None
         if uri is None:  # MLflow 3's file store refuses to start: its local store is sqlite
             root = ctx.orchestrator_cwd / "mlruns"
-            root.mkdir(exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
             uri, artifacts = f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
         self.client = MlflowClient(tracking_uri=uri)
         self.where = f"experiment {ctx.pipeline!r}" + (f" in {ctx.orchestrator_cwd / 'mlruns'}" if artifacts else "")
-        if resumed:
+        if resumed and self._exists(resumed):
             self.id = resumed
             return
         found = self.client.get_experiment_by_name(ctx.pipeline)
@@ -53,6 +58,18 @@ class MlflowTracker:
         flat = [Param(key, value[:MLFLOW_PARAM_CHARS]) for key, value in _flat(params)]
         for start in range(0, len(flat), 100):  # MLflow takes at most 100 params a call
             self.client.log_batch(self.id, params=flat[start:start + 100])
+
+    def _exists(self, run_id: str) -> bool:
+        """Whether this store holds the run: a resume may reach another store than its first attempt
+        (the in-stage state is keyed by the cache key, which leaves `mlflow_uri` and the folder out);
+        then a new run, which `Trackers.start` replays the history into."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(run_id)
+        except MlflowException:
+            return False
+        return True
 
     def log_step(self, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
@@ -151,6 +168,8 @@ class Trackers:
             ctx.log(f"reporting to {tracker}: " + ("continuing " if continued else "") + f"run {live.id or name}, "
                     f"{live.where}")
             for entry in [] if continued else history:
+                if tracker not in trackers.live:  # it failed: dropped, warned once
+                    break
                 trackers._call(tracker, lambda: live.log_step(entry["step"], _numbers(entry)))
         return trackers
 

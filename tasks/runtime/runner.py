@@ -114,7 +114,7 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress, on_report)
-        request = request.model_copy(update={"announce_path": str(messages.path)})
+        request = request.model_copy(update={"announce_path": str(messages.path), "orchestrator_cwd": str(Path.cwd())})
         request_path.write_text(request.model_dump_json())
         process = start_child(request.orchestration.gpus, request_path, result_path)
         deadline = time.monotonic() + timeout

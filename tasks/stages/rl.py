@@ -250,7 +250,7 @@ def position_metrics(sampled: list[Scored], prefix: str = "") -> dict:
 def sample_rows(sampled: list[Scored]) -> list[dict]:
     """A step's episodes as rows of the trackers' samples table."""
     return [{"env": s.trajectory.env_id, "prompt": s.trajectory.task.prompt, "completion": s.trajectory.text,
-             "reward": s.reward, **s.rewards} for s in sampled]
+             "reward": s.reward, **{f"reward_{name}": value for name, value in s.rewards.items()}} for s in sampled]
 
 
 def reference_logps(training, reference, batch, temperature: float):
