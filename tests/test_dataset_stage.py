@@ -31,7 +31,8 @@ def imported(tmp_path, rows: list[dict], **options):
     stage.read_sources(tmp_path, store.location)
     kept = keep(store, source_files(locate("chats.jsonl", tmp_path)))
     ctx = StageContext(store=store, pipeline="t", run_id="r", stage_id="chats", cache_key="k", model=ModelConfig(),
-                       envs={}, inputs={}, workdir=tmp_path / "work", sources={"source": kept})
+                       envs={}, inputs={}, workdir=tmp_path / "work", sources={"source": kept},
+                       announce_path=tmp_path / "messages.jsonl")
     return ctx, stage, run(stage, ctx)["dataset"]
 
 
@@ -52,6 +53,16 @@ def test_an_imported_dataset_loads_with_datasets(tmp_path):
     loaded = load_dataset("parquet", data_files=str(output.local_dir / "data.parquet"), split="train",
                           cache_dir=str(tmp_path / "hf"))
     assert len(loaded) == 3 and json.loads(loaded[0]["messages"]) == GOOD["messages"]
+
+
+def test_counting_tokens_reports_progress_to_the_orchestrator(tmp_path):
+    from tasks.stages.dataset import TOKENIZE_CHUNK
+
+    imported(tmp_path, [GOOD] * (TOKENIZE_CHUNK + 3))
+    told = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
+    progress = [m["progress"] for m in told if "progress" in m]
+    assert progress[0]["step"] == TOKENIZE_CHUNK and progress[-1]["step"] == progress[-1]["total"] == TOKENIZE_CHUNK + 3
+    assert any(m.get("log", "").startswith(f"[chats] step {TOKENIZE_CHUNK + 3}/{TOKENIZE_CHUNK + 3}") for m in told)
 
 
 def test_drop_removes_bad_rows_within_the_cap_and_counts_them(tmp_path):

@@ -30,7 +30,10 @@ from data_contracts.sources import (
 from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
+from tasks.common.progress import Progress
 from tasks.config import FieldError, StageBase
+
+TOKENIZE_CHUNK = 256  # rows between progress reports while counting tokens
 
 
 class DatasetStage(StageBase):
@@ -131,8 +134,17 @@ def imported_rows(stage: DatasetStage, name: str, numbered: list[tuple[int, dict
     return out
 
 
-def token_lengths(rows: list[dict], name: str, tokenizer) -> None:
-    """Each row's `total_tokens` under the model's chat template, as the training stage encodes it."""
+def token_lengths(rows: list[dict], name: str, tokenizer, report=lambda done: None) -> None:
+    """Each row's `total_tokens` under the model's chat template, as the training stage encodes it;
+    `report(done)` every TOKENIZE_CHUNK rows and at the end."""
+    for done, row in enumerate(rows, 1):
+        if row["malformed"] is None:
+            _count_tokens(row, name, tokenizer)
+        if done % TOKENIZE_CHUNK == 0 or done == len(rows):
+            report(done)
+
+
+def _count_tokens(row: dict, name: str, tokenizer) -> None:
     from tasks.common.encoding import (
         TemplateError,
         encode_row,
@@ -140,21 +152,18 @@ def token_lengths(rows: list[dict], name: str, tokenizer) -> None:
         prompt_ids,
     )
 
-    for row in rows:
-        if row["malformed"] is not None:
-            continue
-        try:
-            if name == "preference":
-                chosen, rejected = preference_examples(tokenizer, row, 10 ** 9)
-                row["total_tokens"] = max(len(chosen.input_ids), len(rejected.input_ids))
-            elif name == "prompts":
-                row["total_tokens"] = len(prompt_ids(tokenizer, row))
-            else:
-                row["total_tokens"] = len(encode_row(tokenizer, row, 10 ** 9).input_ids)
-        except TemplateError:
-            raise
-        except Exception as exc:  # the template refused the row (a role it does not know, ...)
-            row["malformed"] = f"the chat template cannot render it: {type(exc).__name__}: {exc}"[:200]
+    try:
+        if name == "preference":
+            chosen, rejected = preference_examples(tokenizer, row, 10 ** 9)
+            row["total_tokens"] = max(len(chosen.input_ids), len(rejected.input_ids))
+        elif name == "prompts":
+            row["total_tokens"] = len(prompt_ids(tokenizer, row))
+        else:
+            row["total_tokens"] = len(encode_row(tokenizer, row, 10 ** 9).input_ids)
+    except TemplateError:
+        raise
+    except Exception as exc:  # the template refused the row (a role it does not know, ...)
+        row["malformed"] = f"the chat template cannot render it: {type(exc).__name__}: {exc}"[:200]
 
 
 def run(stage: DatasetStage, ctx: StageContext) -> dict[str, StageOutput]:
@@ -167,7 +176,9 @@ def run(stage: DatasetStage, ctx: StageContext) -> dict[str, StageOutput]:
         ctx.log(f"format auto: {name} (columns {', '.join(formats.renamed(found, stage.columns))})")
     base = resolve_base(ctx.model.base)
     imported = imported_rows(stage, name, picked(stage, rows))
-    token_lengths(imported, name, load_tokenizer(base))
+    progress = Progress(len(imported), 0, ctx.stage_id, log_every=10 * TOKENIZE_CHUNK,
+                        on_update=ctx.report_progress)  # a step: one row tokenized
+    token_lengths(imported, name, load_tokenizer(base), progress.update)
     folder = ctx.workdir / "dataset"
     write_rows(imported, folder)
     metrics = {"format": name, "source_rows": len(rows), "rows": len(imported)}

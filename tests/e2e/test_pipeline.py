@@ -5,7 +5,6 @@ import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pandas as pd
 import httpx
@@ -144,13 +143,8 @@ def test_timeout_stops_the_stage_and_everything_downstream(tmp_path):
     assert not list(store.glob("artifacts/tiny/sft/*"))
 
 
-def test_quickstart_shape_on_s3_via_moto_server(tmp_path, s3_endpoint):
-    spec = write(tmp_path, tiny_spec("file://unused", storage_options={"endpoint_url": "${S3_ENDPOINT_URL}"}))
-    env = {"S3_ENDPOINT_URL": s3_endpoint}
-    result = posttrain("run", spec, "--store", "s3://posttrain-test/e2e", "--summary-json", tmp_path / "run.json",
-                       env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run = summary(tmp_path / "run.json")
+def test_quickstart_shape_on_s3_via_moto_server(s3_run):
+    result, run, s3_endpoint, env = s3_run.result, s3_run.summary, s3_run.endpoint, s3_run.env
     assert run["store"] == "s3://posttrain-test/e2e"
     sft_ref = by_id(run)["sft"]["outputs"]["checkpoint"]
     lineage = posttrain("lineage", sft_ref, "--store", "s3://posttrain-test/e2e", env={
@@ -163,4 +157,3 @@ def test_quickstart_shape_on_s3_via_moto_server(tmp_path, s3_endpoint):
     texts = [result.stdout, result.stderr, json.dumps(run)]
     texts += [json.dumps(store.manifest(ref)) for stage in run["stages"] for ref in stage["outputs"].values()]
     assert all(secret not in text for text in texts)
-    assert Path(tmp_path / "run.json").exists()

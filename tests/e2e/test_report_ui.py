@@ -1,8 +1,9 @@
 """The training curves and the evaluation chart as the Prefect UI shows them, in a real browser.
 
-A tiny pipeline on an s3:// store (moto) runs against the shared Prefect server (its UI on);
-headless Chromium opens the report artifacts' pages and the images must have loaded. The
-screenshots go to tests/output/test_report_ui/ (git-ignored).
+The tiny pipeline on an s3:// store (moto; the session's `s3_run`, tests/e2e/conftest.py) ran
+against the shared Prefect server (its UI on); headless Chromium opens the report artifacts'
+pages and the images must have loaded. The screenshots go to tests/output/test_report_ui/
+(git-ignored).
 """
 
 import os
@@ -11,7 +12,7 @@ import httpx
 
 from conftest import ROOT
 from tests.e2e.browser import browser_paths, chromium, loaded_data_images, screenshot
-from tests.e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+from tests.e2e.helpers import by_id
 
 OUTPUT = ROOT / "tests" / "output" / "test_report_ui"
 
@@ -25,32 +26,26 @@ def report_artifacts(api: str, run_id: str, key: str) -> list[dict]:
     return sorted(response.json(), key=lambda artifact: artifact["created"])
 
 
-def test_curves_and_evaluation_chart_render_in_the_prefect_ui_refreshed_at_each_checkpoint(tmp_path, s3_endpoint):
+def test_curves_and_evaluation_chart_render_in_the_prefect_ui_refreshed_at_each_checkpoint(s3_run):
     browser_paths()  # skip (or fail, where they could be installed) before running anything
     api, ui = os.environ["PREFECT_API_URL"], os.environ["PREFECT_UI_URL"]
-    pipeline = tiny_spec(f"s3://posttrain-test/{tmp_path.name}", storage_options={"endpoint_url": s3_endpoint},
-                         name="report-ui", sft={"max_steps": 4, "batch_size": 8, "checkpoint_every": 2})
-    pipeline["stages"][0]["n"] = 64
-    pipeline["stages"][2].update(n=4, max_new_tokens=8)
-    run = posttrain("run", write(tmp_path, pipeline), "--summary-json", tmp_path / "run.json")
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    run_summary = summary(tmp_path / "run.json")
+    run_summary = s3_run.summary  # sft: 12 steps, an in-stage checkpoint every 5
     assert [s["state"] for s in run_summary["stages"]] == ["completed"] * 3
 
-    # the report so far at the in-stage checkpoint (step 2, on the task run), then the committed one
-    so_far, final = report_artifacts(api, run_summary["run_id"], "report-ui-sft-report")
-    assert so_far["task_run_id"] and not final["task_run_id"]
-    assert "step 2 of 4" in so_far["data"] and "2 logged steps" in so_far["data"]
-    assert "4 logged steps" in final["data"] and by_id(run_summary)["sft"]["outputs"]["report"] in final["data"]
-    for artifact in (so_far, final):
+    # the report so far at each in-stage checkpoint (steps 5 and 10, on the task run), then the committed one
+    at_5, at_10, final = report_artifacts(api, run_summary["run_id"], "tiny-sft-report")
+    assert at_5["task_run_id"] and at_10["task_run_id"] and not final["task_run_id"]
+    assert "step 5 of 12" in at_5["data"] and "5 logged steps" in at_5["data"] and "step 10 of 12" in at_10["data"]
+    assert "12 logged steps" in final["data"] and by_id(run_summary)["sft"]["outputs"]["report"] in final["data"]
+    for artifact in (at_5, at_10, final):
         assert "![curves](data:image/png;base64," in artifact["data"]
     assert "[metrics.jsonl](s3://posttrain-test/" in final["data"]  # the data stays in the store
-    [evaluation] = report_artifacts(api, run_summary["run_id"], "report-ui-final-eval-report")
+    [evaluation] = report_artifacts(api, run_summary["run_id"], "tiny-final-eval-report")
     assert "![rates](data:image/png;base64," in evaluation["data"]
 
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium() as browser:
-        for name, artifact, alt in (("curves-at-step-2", so_far, "curves"), ("curves", final, "curves"),
+        for name, artifact, alt in (("curves-at-step-5", at_5, "curves"), ("curves", final, "curves"),
                                     ("evaluation", evaluation, "rates")):
             images = loaded_data_images(browser, f"{ui}/artifacts/artifact/{artifact['id']}")
             assert [(a, complete) for a, complete, _, _ in images] == [(alt, True)], images
