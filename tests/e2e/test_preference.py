@@ -10,11 +10,15 @@ DPO_STEPS = 40
 
 
 def preference_spec(store) -> dict:
-    """A short SFT on one-digit sums that gets some answers right, so rollouts differ in reward."""
-    pipeline = tiny_spec(f"file://{store}", sft={"max_steps": 150, "batch_size": 32, "learning_rate": 0.002,
-                                                 "warmup_steps": 20, "checkpoint_every": 200})
+    """A short SFT on one-digit sums, from a tiny-llama already SFT'd on them (test_serve_model's,
+    shared with the serving tests), that gets some answers right, so rollouts differ in reward."""
+    from test_serve_model import trained_checkpoint
+
+    pipeline = tiny_spec(f"file://{store}", sft={"max_steps": 20, "batch_size": 32, "learning_rate": 0.002,
+                                                 "warmup_steps": 5, "checkpoint_every": 200})
+    pipeline["model"]["base"] = str(trained_checkpoint())
     pipeline["envs"]["arith"]["digits"] = 1
-    pipeline["stages"][0]["n"] = 1024
+    pipeline["stages"][0]["n"] = 512
     pipeline["stages"][2] = {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "align", "rl"],
                              "envs": ["arith"], "n": 16, "max_new_tokens": 64, "sampled": None}
     pipeline["stages"][2:2] = [
