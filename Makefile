@@ -52,7 +52,7 @@ run: setup
 	$(BIN)/posttrain run pipelines/quickstart.yaml
 
 test: setup browser-tools
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=25
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench

@@ -194,6 +194,11 @@ class Judge(Endpoint):
     max_tokens: int = Field(8, gt=0)
 
 
+# what drawing a report's curves imports (~0.5 s, then ~1 s for the first figure): loaded once by
+# the warm fork server, not by every stage that draws one
+PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
 class TrainStage(StageBase):
     """Optimizer, schedule and checkpointing fields of the stages that train a model."""
 

@@ -26,7 +26,7 @@ from tasks.common.eval_report import write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
 from tasks.common.rollouts import LocalPolicy, roll_out
-from tasks.config import Judge, SampledEval, StageBase
+from tasks.config import PLOT_MODULES, Judge, SampledEval, StageBase
 
 
 class EvaluateStage(StageBase):
@@ -35,7 +35,7 @@ class EvaluateStage(StageBase):
     outputs = ("results", "report")
     primary = "results"
     produces = "evaluation"
-    preload = ("peft", "matplotlib")
+    preload = ("peft", *PLOT_MODULES)
 
     kind: Literal["evaluate"]
     checkpoints: list[str] = Field(min_length=1)

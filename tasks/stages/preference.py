@@ -29,7 +29,7 @@ from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
 from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
-from tasks.config import DatasetTrainStage, SpecView
+from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
 
 
 class PreferenceStage(DatasetTrainStage):
@@ -42,7 +42,7 @@ class PreferenceStage(DatasetTrainStage):
     outputs = ("checkpoint", "pairs", "report")
     primary = "checkpoint"
     produces = "checkpoint"
-    preload = ("peft", "accelerate")
+    preload = ("peft", "accelerate", *PLOT_MODULES)  # curves at checkpoints
 
     kind: Literal["preference"]
     policy: str

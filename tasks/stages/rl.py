@@ -27,7 +27,7 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.rl_batch import completion_logps, padded_rows, training_rows
 from tasks.common.rollouts import LocalPolicy, Trajectory, roll_out
 from tasks.common.training import optimizer_step, start_training
-from tasks.config import ONE_SEQUENCE_ONLY, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
+from tasks.config import ONE_SEQUENCE_ONLY, PLOT_MODULES, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
 
 
 class RlStage(TrainStage):
@@ -43,7 +43,7 @@ class RlStage(TrainStage):
     outputs = ("checkpoint", "report")
     primary = "checkpoint"
     produces = "checkpoint"
-    preload = ("peft", "accelerate")
+    preload = ("peft", "accelerate", *PLOT_MODULES)  # curves at checkpoints
 
     kind: Literal["rl"]
     policy: str

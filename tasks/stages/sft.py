@@ -14,7 +14,7 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
 from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
-from tasks.config import DatasetTrainStage
+from tasks.config import PLOT_MODULES, DatasetTrainStage
 
 
 class SftStage(DatasetTrainStage):
@@ -23,7 +23,7 @@ class SftStage(DatasetTrainStage):
     outputs = ("checkpoint", "report")
     primary = "checkpoint"
     produces = "checkpoint"
-    preload = ("peft", "accelerate")
+    preload = ("peft", "accelerate", *PLOT_MODULES)  # curves at checkpoints
 
     kind: Literal["sft"]
     policy: str | None = None  # a checkpoint stage; the spec's base model when absent
