@@ -28,10 +28,6 @@ def report_refs(outputs: dict[str, str]) -> list[Ref]:
     return [ref for ref in refs if ref.name.endswith(REPORT_SUFFIX)]
 
 
-def artifact_key(pipeline: str, stage_id: str) -> str:
-    return report_key(pipeline, stage_id)
-
-
 def version_uri(store: Store, ref: Ref) -> str:
     """Where a version's files are, as a URI (file:///... for a local store)."""
     return f"{store.protocol}://{store.version_path(ref)}"
@@ -79,7 +75,7 @@ def publish_reports(store: Store, pipeline: str, stage_id: str, outputs: dict[st
 
     keys = []
     for ref in report_refs(outputs):
-        key = artifact_key(pipeline, stage_id)
+        key = report_key(pipeline, stage_id)
         try:
             create_markdown_artifact(markdown=report_artifact_markdown(store, ref), key=key,
                                      description=f"report of stage {stage_id} ({ref})")

@@ -15,12 +15,12 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.runtime import flow_run
 
 from artifacts.store import Store
-from flows.report_artifacts import (artifact_key, publish_reports, report_artifact_markdown, report_refs,
+from flows.report_artifacts import (publish_reports, report_artifact_markdown, report_refs,
                                     rewrite_relative_links)
 from tasks.common.context import StageContext
 from tasks.common.curves import write_training_report
 from tasks.common.eval_report import write_eval_report
-from tasks.common.report_images import MAX_IMAGE_BYTES, inline_images, unlink_relative
+from tasks.common.report_images import MAX_IMAGE_BYTES, inline_images, report_key, unlink_relative
 from tasks.common.training import Training
 from tasks.runtime.live import LiveReport
 from tasks.runtime.runner import ChildMessages
@@ -56,7 +56,7 @@ def test_relative_links_point_into_the_store_and_others_are_kept():
 
 
 def test_artifact_key_is_what_prefect_accepts():
-    assert artifact_key("quick_start", "rl-2") == "quick-start-rl-2-report"
+    assert report_key("quick_start", "rl-2") == "quick-start-rl-2-report"
 
 
 def test_only_report_outputs_are_published():

@@ -21,11 +21,17 @@ METRICS_LINK = "\nEvery step's metrics: [metrics.jsonl](metrics.jsonl)\n"
 def write_training_report(history: list[dict], out_dir: Path, title: str) -> None:
     """Write metrics.jsonl, curves.png and report.md for a stage's step history into `out_dir`."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = curves_and_markdown(history, out_dir, title)
     write_metrics_jsonl(history, out_dir / "metrics.jsonl")
+    (out_dir / "report.md").write_text(markdown + METRICS_LINK)
+
+
+def curves_and_markdown(history: list[dict], out_dir: Path, title: str, note: str = "") -> str:
+    """Draw curves.png into `out_dir`; return the report's markdown (`note` under the title)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     series = metric_series(history)
     plot_curves(series, out_dir / "curves.png", title)
-    (out_dir / "report.md").write_text(report_markdown(series, title, len(history)) + METRICS_LINK)
+    return report_markdown(series, title, len(history), note)
 
 
 def report_so_far(history: list[dict], work_dir: Path, title: str, note: str) -> str:
@@ -35,10 +41,7 @@ def report_so_far(history: list[dict], work_dir: Path, title: str, note: str) ->
     from tasks.common.report_images import inline_images, unlink_relative
 
     work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    series = metric_series(history)
-    plot_curves(series, work_dir / "curves.png", title)
-    markdown = report_markdown(series, title, len(history), note)
+    markdown = curves_and_markdown(history, work_dir, title, note)
     return unlink_relative(inline_images(markdown, lambda name: (work_dir / name).read_bytes()))
 
 

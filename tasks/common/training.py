@@ -152,6 +152,8 @@ class Training:
         effort: a display that fails never fails the stage)."""
         from tasks.common.curves import report_so_far
 
+        if self.ctx.announce_path is None:  # no orchestrator to show it
+            return
         note = (f"*In progress: step {step} of {self.steps}, checkpoint `{ref}`. The committed report "
                 "replaces this one when the stage ends.*")
         try:

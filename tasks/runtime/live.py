@@ -29,22 +29,31 @@ def read_progress(store: Store, run_id: str, stage_id: str) -> dict | None:
     return {key: progress.get(key) for key in ("step", "total", "eta_seconds")}
 
 
-class LiveProgress:
+class _Display:
+    """Warns once, the first time showing something fails; later failures stay quiet."""
+
+    stage_id: str
+    failed = False
+
+    def _warn_once(self, what: str, exc: Exception) -> None:
+        if not self.failed:
+            warnings.warn(f"{self.stage_id}: {what} not shown: {exc}", stacklevel=2)
+        self.failed = True
+
+
+class LiveProgress(_Display):
     """`live(progress)` for each report of the child; `close()` when the stage ends."""
 
     def __init__(self, store: Store, run_id: str, stage_id: str):
         self.store, self.stage_id, self.path = store, stage_id, progress_path(store, run_id, stage_id)
         self.artifact = None
-        self.failed = False
 
     def __call__(self, progress: dict) -> None:
         try:
             self.store.write_json(self.path, progress)
             self._show(progress)
         except Exception as exc:  # noqa: BLE001 - a progress display must not fail the stage
-            if not self.failed:
-                warnings.warn(f"{self.stage_id}: progress not shown: {exc}", stacklevel=1)
-            self.failed = True
+            self._warn_once("progress", exc)
 
     def _show(self, progress: dict) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -63,14 +72,13 @@ class LiveProgress:
             pass
 
 
-class LiveReport:
+class LiveReport(_Display):
     """`live(markdown, step)` for each report so far the child sends: a markdown artifact under the
     stage's report key (the key the flow publishes the committed report under, so the UI's latest
     version of it is the newest), attached to the task run."""
 
     def __init__(self, pipeline: str, stage_id: str):
         self.stage_id, self.key = stage_id, report_key(pipeline, stage_id)
-        self.failed = False
 
     def __call__(self, markdown: str, step: int | None) -> None:
         try:
@@ -79,6 +87,4 @@ class LiveReport:
             create_markdown_artifact(markdown=markdown, key=self.key,
                                      description=f"report of stage {self.stage_id} so far (step {step})")
         except Exception as exc:  # noqa: BLE001 - a report display must not fail the stage
-            if not self.failed:
-                warnings.warn(f"{self.stage_id}: report at step {step} not shown: {exc}", stacklevel=1)
-            self.failed = True
+            self._warn_once(f"report at step {step}", exc)
