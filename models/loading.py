@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from artifacts.refs import hash_value
@@ -75,6 +76,17 @@ def add_lora(model, model_cfg: ModelConfig):
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     return get_peft_model(model, config)
+
+
+def stage_device(model_cfg: ModelConfig, gpus: int) -> str:
+    """The device every model of a stage sits on: `cuda:<LOCAL_RANK>` when `model.device` is auto,
+    the stage holds GPUs and CUDA is present (one process per GPU under accelerate launch; a
+    single-GPU stage is rank 0 of the devices it was given); else `cpu`."""
+    import torch
+
+    if model_cfg.device == "cpu" or gpus == 0 or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
 def set_threads(model_cfg: ModelConfig) -> None:

@@ -80,6 +80,13 @@ class StageContext:
             self._tell({"progress": progress})
 
     @property
+    def device(self) -> str:
+        """Where this stage's models run (models/loading.py, stage_device)."""
+        from models.loading import stage_device
+
+        return stage_device(self.model, self.orchestration.gpus)
+
+    @property
     def is_main(self) -> bool:
         """Whether this is the process that commits: always, unless a multi-GPU stage runs one
         process per GPU (`accelerate launch`), where rank 0 commits and the others only train."""
