@@ -31,7 +31,7 @@ from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
 from tasks.common.encoding import Example, encode_ids  # noqa: E402
-from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.common.training import Learner, batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.preference import PreferenceStage, reference_logps, side_logps, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
@@ -126,9 +126,8 @@ def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
     model.train()
     stopwatch, losses = Stopwatch(TRAIN_WARMUP_STEPS), []
     for step, indices in enumerate(plan):
-        metrics, _ = train_step(model, [pairs.chosen[i] for i in indices], [pairs.rejected[i] for i in indices],
-                                ref_chosen[indices], ref_rejected[indices], stage, pad, accelerator, optimizer,
-                                scheduler)
+        metrics, _ = train_step(Learner(model, accelerator, optimizer, scheduler), [pairs.chosen[i] for i in indices], [pairs.rejected[i] for i in indices],
+                                ref_chosen[indices], ref_rejected[indices], stage, pad)
         losses.append(metrics["loss"])
         stopwatch.step_done(step + 1, cumulative[step])
     return SideResult(

@@ -28,7 +28,7 @@ from models.config import ModelConfig  # noqa: E402
 from models.losses import completion_nll  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from tasks.common.encoding import Example, collate, encode_example  # noqa: E402
-from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.common.training import Learner, batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.sft import SftStage, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
@@ -99,7 +99,7 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
     stopwatch, losses, tokens_seen = Stopwatch(TRAIN_WARMUP_STEPS), [], 0
     for step in range(steps):
         batch = [examples[i] for i in batch_indices(len(examples), batch_size, seed, step)]
-        loss, tokens = train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+        loss, tokens = train_step(Learner(model, accelerator, optimizer, scheduler), batch, tokenizer.pad_token_id)
         tokens_seen += tokens
         losses.append(loss)
         stopwatch.step_done(step + 1, tokens_seen)

@@ -68,6 +68,8 @@ class PipelineSpec(BaseModel):
     stages: list[StageConfig] = Field(min_length=1)
     evaluation: EvaluationConfig = EvaluationConfig()
     workers: WorkersConfig | None = None
+    # how many stages whose inputs are all committed run at once (local tasks or workers' flow runs)
+    max_parallel_stages: int = Field(1, ge=1)
     # {name: value} of the environment variables the spec took values from (flows/placeholders.py)
     _filled: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -302,7 +304,7 @@ def _check_graph(spec: PipelineSpec) -> None:
         if env_id not in spec.envs:
             raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
     _check_acyclic(spec, index)
-    view = SpecView(stages=spec.stages, envs=spec.envs)
+    view = SpecView(stages=spec.stages, envs=spec.envs, model=spec.model, defaults=spec.defaults)
     for stage in spec.stages:
         try:
             stage.check_spec(view)
@@ -326,6 +328,12 @@ def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:
 
     for stage in spec.stages:
         visit(stage.id, [])
+
+
+def stage_graph(spec: PipelineSpec) -> dict[str, list[str]]:
+    """{stage id: the ids of the stages it reads}, in topological order."""
+    return {stage.id: list(dict.fromkeys(target for _, target, _ in spec.inputs_of(stage)))
+            for stage in topological_order(spec)}
 
 
 def topological_order(spec: PipelineSpec) -> list:

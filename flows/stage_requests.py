@@ -40,7 +40,12 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
                         evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
                         sources=kept, code={path: source for code in carried.values() for path, source in code.items()},
-                        filled=sorted(spec.filled))
+                        filled=sorted(spec.filled), accelerate_config=launch_config(stage))
+
+
+def launch_config(stage) -> str | None:
+    """A training stage's accelerate config file, as text (tasks.config.TrainStage.launch_config)."""
+    return stage.launch_config() if hasattr(stage, "launch_config") else None
 
 
 def stage_parameters(spec: PipelineSpec, request: StageRequest) -> dict:

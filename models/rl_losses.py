@@ -148,9 +148,21 @@ def kl_k3(logps, ref_logps):
     return delta.exp() - delta - 1
 
 
+def loss_denominator(aggregation: str, trained_tokens: list[int], max_completion_length: int | None = None) -> float:
+    """What `grpo_loss` divides its sum by, for rows with `trained_tokens` masked tokens each:
+    grpo B, dr_grpo B · max_completion_length, dapo the masked tokens (at least 1)."""
+    if aggregation == "grpo":
+        return float(len(trained_tokens))
+    if aggregation == "dr_grpo":
+        return float(len(trained_tokens) * max_completion_length)
+    if aggregation == "dapo":
+        return float(max(1, sum(trained_tokens)))
+    raise ValueError(f"unknown loss aggregation {aggregation!r}")
+
+
 def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon_high: float, aggregation: str,
               max_completion_length: int | None = None, ref_logps=None, beta: float = 0.0,
-              ratio_level: str = "token", kl_ratio_correction: bool = False):
+              ratio_level: str = "token", kl_ratio_correction: bool = False, denominator: float | None = None):
     """Clipped policy-gradient loss with an optional k3 KL penalty; returns (loss, clipped token fraction).
 
     ρ_t = exp(logp_t − old_logp_t);  ℓ_t = −min(ρ_t·Â, clip(ρ_t, 1 − ε_low, 1 + ε_high)·Â) + β·KL_k3,t
@@ -162,6 +174,9 @@ def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon
       grpo     mean over each sequence's tokens, then over sequences
       dr_grpo  sum / (B · max_completion_length)
       dapo     sum / number of masked tokens in the batch
+    i.e. Σ_rows (Σ_t mask·ℓ / Σ_t mask) (grpo) or Σ mask·ℓ, divided by `loss_denominator`. When the
+    rows are one micro-batch of a step, `denominator` is the whole step's (loss_denominator over all
+    its rows), so the micro-batches' losses add up to the step's.
     """
     log_ratio = logps - old_logps
     if ratio_level == "sequence":
@@ -177,13 +192,11 @@ def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon
         kl = kl_k3(logps, ref_logps)
         per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)
     mask = mask.to(per_token.dtype)
+    if denominator is None:
+        denominator = loss_denominator(aggregation, mask.sum(-1).tolist(), max_completion_length)
     if aggregation == "grpo":
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    elif aggregation == "dr_grpo":
-        loss = (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
-    elif aggregation == "dapo":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / denominator
     else:
-        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+        loss = (per_token * mask).sum() / denominator
     clip_fraction = (((clipped < unclipped).expand_as(mask) & (mask > 0)).sum() / mask.sum().clamp(min=1)).detach()
     return loss, clip_fraction

@@ -146,14 +146,16 @@ def response_text(tokenizer, generation: Generation, stop: tuple[str, ...], incl
 
 
 class ServedModel:
-    """One loaded checkpoint and the lock that keeps the engine to one request at a time; a
-    request waits for it at most `queue_timeout` seconds."""
+    """One loaded checkpoint, on its device (`serving_device`), and the lock that keeps the engine
+    to one request at a time; a request waits for it at most `queue_timeout` seconds."""
 
     def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None,
                  queue_timeout: float = Limits.queue_timeout):
         self.name, self.created = name, int(time.time())
+        model = model or model_config(folder)
+        self.device = serving_device(model)
         self.tokenizer = load_tokenizer(folder)
-        self.model = load_model(folder, model or model_config(folder)).eval()
+        self.model = load_model(folder, model).to(self.device).eval()
         self.context = getattr(self.model.config, "max_position_embeddings", None)
         self.lock, self.queue_timeout = threading.Lock(), queue_timeout
 
@@ -213,6 +215,14 @@ class ServedModel:
             raise ServingError(400, f"messages: the prompt is {prompt_tokens} tokens, the model's context is "
                                     f"{self.context}", param="messages")
         return self.context - prompt_tokens
+
+
+def serving_device(model: ModelConfig) -> str:
+    """Where a served model runs: the first GPU the process sees when CUDA is present and
+    `model.device` is auto, else the CPU."""
+    import torch
+
+    return "cuda:0" if model.device == "auto" and torch.cuda.is_available() else "cpu"
 
 
 def model_config(folder: str | Path) -> ModelConfig:

@@ -9,12 +9,14 @@ YAML `stages:` entries mirror those classes one-to-one. Kept free of heavy impor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from data_contracts.config import ContractConfig
+from models.config import ModelConfig
 
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -72,6 +74,12 @@ class SpecView:
 
     stages: list
     envs: dict  # env id -> env config
+    model: ModelConfig = field(default_factory=ModelConfig)
+    defaults: Defaults = field(default_factory=Defaults)
+
+    def gpus(self, stage) -> int:
+        """The GPUs a stage holds: its own `gpus`, else the defaults'."""
+        return stage.gpus if stage.gpus is not None else self.defaults.gpus
 
     def index(self, stage_id: str) -> int:
         return next(i for i, stage in enumerate(self.stages) if stage.id == stage_id)
@@ -210,6 +218,66 @@ class TrainStage(StageBase):
     seed: int = 0
     report_to: list[Tracker] | None = None  # None: the spec's defaults
     mlflow_uri: str | None = None
+    # memory: rows per forward/backward (the step's batch in micro-batches, gradients accumulated;
+    # None: the whole batch at once), activation checkpointing, autocast over fp32 weights
+    micro_batch_size: int | None = Field(None, gt=0)
+    gradient_checkpointing: bool = False
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # an `accelerate config` file (FSDP, DeepSpeed) for a stage with gpus > 1, relative to the spec's folder
+    accelerate_config: str | None = None
+    _accelerate_config_text: str | None = PrivateAttr(None)
+
+    def params(self) -> dict:
+        """How a step is split up and where its weights live change memory, not what it computes: a
+        stage rerun with a smaller micro_batch_size after running out of memory resumes from its
+        in-stage checkpoint (same cache key)."""
+        return {key: value for key, value in super().params().items() if key not in LAYOUT_FIELDS}
+
+    def read_sources(self, spec_dir, store) -> None:
+        super().read_sources(spec_dir, store)
+        if self.accelerate_config is not None:
+            self._accelerate_config_text = read_accelerate_config(self.accelerate_config, spec_dir)
+
+    def check_spec(self, spec: SpecView) -> None:
+        """Autocast to one half precision over weights stored in the other is a contradiction (bf16
+        autocast over bfloat16 weights, with LoRA adapters kept in fp32, is TRL's usual setting), and
+        an accelerate config file describes how several processes share a stage."""
+        clash = {"fp16": "bfloat16", "bf16": "float16"}.get(self.mixed_precision)
+        if spec.model.dtype == clash:
+            raise spec.error(self.id, "mixed_precision", f"{self.mixed_precision} autocast over {clash} weights "
+                                                         f"(model.dtype): use the weights' own precision, or float32 "
+                                                         "weights")
+        if self.accelerate_config is not None and spec.gpus(self) < 2:
+            raise spec.error(self.id, "accelerate_config", f"an accelerate config (FSDP, DeepSpeed) shares a stage "
+                                                           f"among processes: it needs gpus of 2 or more, this "
+                                                           f"stage has {spec.gpus(self)}")
+
+    def launch_config(self) -> str | None:
+        """The accelerate config file's text, read when the spec was parsed (it travels in the request)."""
+        return self._accelerate_config_text
+
+
+LAYOUT_FIELDS = ("micro_batch_size", "gradient_checkpointing", "accelerate_config")
+MAX_ACCELERATE_CONFIG_BYTES = 64 * 1024
+
+
+def read_accelerate_config(path: str, spec_dir) -> str:
+    """The text of an accelerate config file: a YAML mapping of at most 64 KiB; raise FieldError."""
+    import yaml
+
+    file = Path(path) if Path(path).is_absolute() or spec_dir is None else Path(spec_dir) / path
+    if not file.is_file():
+        raise FieldError("accelerate_config", f"no file {path!r} (relative paths start at the spec's folder)")
+    if file.stat().st_size > MAX_ACCELERATE_CONFIG_BYTES:
+        raise FieldError("accelerate_config", f"{path!r} is over {MAX_ACCELERATE_CONFIG_BYTES // 1024} KiB")
+    text = file.read_text(errors="replace")
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FieldError("accelerate_config", f"{path!r} is not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(parsed, dict):
+        raise FieldError("accelerate_config", f"{path!r} is not an accelerate config (a YAML mapping)")
+    return text
 
 
 class DatasetTrainStage(TrainStage):

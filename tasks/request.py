@@ -59,6 +59,9 @@ class StageRequest(BaseModel):
     # set by the runner: the working folder of the process running the stage's task (`posttrain run`, or
     # a worker's flow run), where trackers keep ./mlruns and ./wandb (the child runs in the project's)
     orchestrator_cwd: str | None = None
+    # the text of the stage's accelerate config file (FSDP, DeepSpeed), read where the spec was parsed:
+    # `accelerate launch --config_file` of a stage with gpus > 1 (tasks/runtime/launch.py)
+    accelerate_config: str | None = None
 
     @property
     def primary_name(self) -> str:

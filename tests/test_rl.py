@@ -112,7 +112,7 @@ def read_history(outputs) -> list[dict]:
     return [json.loads(line) for line in (outputs["report"].local_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_and_batch_reuse(tmp_path):
+def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_batch_reuse_and_micro_batches(tmp_path):
     from envs.calc import CalcEnvConfig
     from models.config import LoraConfig, ModelConfig
     from tasks.stages.rl import run
@@ -120,7 +120,8 @@ def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_and_batch_reuse(tmp_path):
     store, policy_ref = committed_policy(tmp_path)
     envs = {"arith": ENV.config, "calc": CalcEnvConfig(kind="calc", max_turns=3)}
     stage = rl_stage(algorithm="steppo", envs={"arith": 1.0, "calc": 1.0}, steps=2, prompts_per_step=4,
-                     group_size=2, max_tokens=8, beta=0.1, num_iterations=2, anti_doom=AntiDoom())
+                     group_size=2, max_tokens=8, beta=0.1, num_iterations=2, anti_doom=AntiDoom(),
+                     micro_batch_size=3, gradient_checkpointing=True)  # the memory settings, wired through
     outputs = run(stage, stage_context(tmp_path, "w", store, policy_ref, envs, ModelConfig(lora=LoraConfig(r=4))))
     assert (outputs["checkpoint"].local_dir / "adapter_config.json").exists()
     history = read_history(outputs)

@@ -18,7 +18,7 @@ def model_and_tokenizer():
 
     from envs.arith import ArithEnv, ArithEnvConfig
     from tasks.common.encoding import encode_example
-    from tasks.common.training import batch_indices, make_optimizer
+    from tasks.common.training import Learner, batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
 
     folder = materialize("tiny-llama")
@@ -32,7 +32,7 @@ def model_and_tokenizer():
     model.train()
     for step in range(60):
         batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
-        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+        train_step(Learner(model, accelerator, optimizer, scheduler), batch, tokenizer.pad_token_id)
     return model.eval(), tokenizer
 
 

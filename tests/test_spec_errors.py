@@ -160,6 +160,17 @@ CASES = {
         "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment"),
     "mlflow_uri with credentials in defaults": (
         {**GOOD, "defaults": {"mlflow_uri": "https://token@mlflow.example"}}, "defaults.mlflow_uri: credentials"),
+    "micro batch of 0": (with_stage(1, micro_batch_size=0), "stages[1].micro_batch_size: Input should be greater than 0"),
+    "unknown mixed precision": (with_stage(1, mixed_precision="fp8"),
+                                "stages[1].mixed_precision: Input should be 'no', 'bf16' or 'fp16'"),
+    "mixed precision against the weights' precision": (
+        {**with_stage(1, mixed_precision="fp16"), "model": {"dtype": "bfloat16"}},
+        "stages[1].mixed_precision: fp16 autocast over bfloat16 weights (model.dtype): use the weights' own "
+        "precision, or float32 weights"),
+    "unknown model device": ({**GOOD, "model": {"device": "tpu"}}, "model.device: Input should be 'auto' or 'cpu'"),
+    "missing accelerate config": (with_stage(1, accelerate_config="nowhere.yaml", gpus=2),
+                                  "stages[1].accelerate_config: no file 'nowhere.yaml' (relative paths start at the "
+                                  "spec's folder)"),
     "not a mapping": ("- just\n- a list\n", "spec: expected a mapping at the top level, got list"),
     "bad yaml": ("name: t\nstages: [\n", "bad YAML"),
 }
@@ -175,6 +186,18 @@ def test_bad_spec_is_one_line_exit_2_nothing_written(case, tmp_path, capsys):
         assert message in err, err
         assert len(err.splitlines()) == 1 and err.startswith("error: ")
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("text, gpus, message", [
+    ("distributed_type: FSDP\n", 1, "stages[1].accelerate_config: an accelerate config (FSDP, DeepSpeed) shares a stage "
+                                    "among processes: it needs gpus of 2 or more, this stage has 1"),
+    ("- FSDP\n", 2, "stages[1].accelerate_config: 'fsdp.yaml' is not an accelerate config (a YAML mapping)"),
+    ("a: [\n", 2, "stages[1].accelerate_config: 'fsdp.yaml' is not YAML"),
+])
+def test_a_bad_accelerate_config_is_one_line(text, gpus, message, tmp_path, capsys):
+    (tmp_path / "fsdp.yaml").write_text(text)
+    code, err = run_cli(capsys, "validate", write_spec(tmp_path, with_stage(1, accelerate_config="fsdp.yaml", gpus=gpus)))
+    assert code == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("tracker", ["mlflow", "tensorboard", "wandb"])

@@ -22,7 +22,7 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
     """`steps` SFT steps (batch 16, lr 3e-3) over `examples`; the folder goes away at exit."""
     from accelerate import Accelerator
 
-    from tasks.common.training import batch_indices, make_optimizer
+    from tasks.common.training import Learner, batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
 
     stage = SftStage(kind="sft", id="t", data="t", max_steps=steps, batch_size=16, learning_rate=3e-3)
@@ -31,7 +31,7 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
     model.train()
     for step in range(steps):
         batch = [examples[i] for i in batch_indices(len(examples), 16, 0, step)]
-        train_step(model, batch, tokenizer.pad_token_id, accelerator, optimizer, scheduler)
+        train_step(Learner(model, accelerator, optimizer, scheduler), batch, tokenizer.pad_token_id)
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, folder, True)
     model.save_pretrained(str(folder))

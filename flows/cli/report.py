@@ -12,7 +12,8 @@ def print_dag(spec: PipelineSpec) -> None:
     print(f"  store  {spec.store}")
     print(f"  model  {spec.model.base}" + (f" + LoRA r={spec.model.lora.r}" if spec.model.lora else ""))
     print(f"  envs   {', '.join(f'{k} ({v.kind})' for k, v in spec.envs.items())}")
-    print("stages (run order):")
+    at_once = f", up to {spec.max_parallel_stages} at once" if spec.max_parallel_stages > 1 else ""
+    print(f"stages (run order{at_once}):")
     for stage in topological_order(spec):
         deps = [target for _, target, _ in spec.inputs_of(stage)]
         r = spec.resolved(stage)
@@ -36,16 +37,26 @@ def eval_rows(summary: dict) -> list[tuple[str, str, dict]]:
 
 
 def print_stage_table(summary: dict) -> None:
-    print(f"{'stage':<14} {'kind':<11} {'state':<10} {'seconds':>8}  outputs")
+    print(f"{'stage':<14} {'kind':<11} {'state':<10} {'seconds':>8}  {'device':<7} {'RAM GB':>6} {'GPU GB':>6}  outputs")
     for stage in summary["stages"]:
         outputs = ", ".join(stage["outputs"].values())
-        print(f"{stage['id']:<14} {stage['kind']:<11} {stage['state']:<10} {stage['seconds']:>8.1f}  {outputs}")
+        print(f"{stage['id']:<14} {stage['kind']:<11} {stage['state']:<10} {stage['seconds']:>8.1f}  "
+              f"{resources(stage)}  {outputs}")
         if stage.get("error"):
             print(f"{'':<14} error: {stage['error']}")
     for stage_id, progress in summary.get("running", {}).items():
         print(f"{stage_id:<14} {'':<11} {'running':<10} {'':>8}  {step_and_eta(progress)}")
     for stage_id in summary.get("not_run", []):
         print(f"{stage_id:<14} {'':<11} {'not run':<10}  (an input stage failed)")
+
+
+def resources(stage: dict) -> str:
+    """Where the stage ran and its peak memory (resident, GPU), as the table's columns; `-` where its
+    record does not say (a failed stage, a summary from before these fields, no CUDA)."""
+    def gigabytes(key: str) -> str:
+        return f"{stage[key]:.1f}" if stage.get(key) is not None else "-"
+
+    return f"{stage.get('device') or '-':<7} {gigabytes('peak_rss_gb'):>6} {gigabytes('peak_gpu_gb'):>6}"
 
 
 def print_run_report(summary: dict) -> None:

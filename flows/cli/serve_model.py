@@ -3,13 +3,14 @@
 The checkpoint is fetched from the store (read in place from a local store) and served by
 models/serving.py under the ref's name unless told otherwise, so that a client, a teacher spec
 (`teacher: {endpoint, model: REF}`) or an EndpointPolicy names exactly the artifact it talks to.
-It loads with the model config of the spec it was made from (dtype, LoRA base), as the
-pipeline's own evaluation loads it.
+It loads with the model config of the spec it was made from (dtype, LoRA base, device), as the
+pipeline's own evaluation loads it; `--device` overrides the spec's `model.device`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 from artifacts.refs import Ref
 from artifacts.store import Store, StoreError, first_line
@@ -18,20 +19,26 @@ from flows.spec import SpecError, checkpoint_spec
 from models.config import ModelConfig
 from models.serving_limits import Limits
 
+DEVICES = get_args(ModelConfig.model_fields["device"].annotation)  # auto, cpu
+
 
 class ServeModelInputError(Exception):
     """Bad input to serve-model (ref, store, port); str() is the one-line message."""
 
 
 def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None,
-                limits: Limits | None = None) -> int:
-    """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds; exit code."""
-    from models.serving import ListenError, serve
+                limits: Limits | None = None, device: str | None = None) -> int:
+    """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds, on
+    `device` (auto | cpu; None: the spec's `model.device`); exit code."""
+    from models.serving import ListenError, model_config, serve
 
     check_limits(limits or Limits())
+    check_device(device)
     store = open_store(store_uri, error=ServeModelInputError)
     pinned = resolve_ref(store, ref, error=ServeModelInputError)
     folder, model = fetch_checkpoint(pinned, store)
+    if device is not None:
+        model = (model or model_config(folder)).model_copy(update={"device": device})
     try:
         serve(folder, name or str(pinned), host=host, port=port, model=model, limits=limits)
     except ListenError as exc:
@@ -55,6 +62,11 @@ def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
     except OSError as exc:  # a remote store that fails mid-copy
         raise ServeModelInputError(f"store: cannot read {ref} from {store.uri} ({type(exc).__name__}: "
                                    f"{first_line(exc)})") from None
+
+
+def check_device(device: str | None) -> None:
+    if device not in (None, *DEVICES):
+        raise ServeModelInputError(f"--device: {' or '.join(DEVICES)}, not {device!r}")
 
 
 def check_limits(limits: Limits) -> None:

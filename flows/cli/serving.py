@@ -87,7 +87,7 @@ def cmd_serve_model(args) -> int:
 
     limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout, args.max_connections)
     try:
-        return serve_model(args.ref, args.store, args.host, args.port, args.name, limits)
+        return serve_model(args.ref, args.store, args.host, args.port, args.name, limits, args.device)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 
@@ -120,6 +120,8 @@ def add_serving_commands(commands) -> None:
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
     serve_model.add_argument("--store", default=DEFAULT_STORE)
+    serve_model.add_argument("--device", choices=("auto", "cpu"), help="auto: the first GPU when CUDA is present, "
+                             "else the CPU (default: the model.device of the checkpoint's spec, auto)")
     serve_model.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes,
                              help="largest request body accepted (default 1 MiB; larger: 413)")
     serve_model.add_argument("--read-timeout", type=float, default=Limits.read_timeout,

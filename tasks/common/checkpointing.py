@@ -32,17 +32,24 @@ KEEP = 2  # in-stage steps kept, so one that fails to load leaves the one before
 
 
 def rng_state() -> dict:
-    """The RNG states as tensors and plain values (what `torch.load(weights_only=True)` accepts)."""
+    """The RNG states as tensors and plain values (what `torch.load(weights_only=True)` accepts):
+    Python's, NumPy's, torch's CPU generator and, once the process uses CUDA, every GPU's (`cuda`)."""
     import numpy as np
     import torch
 
     name, keys, position, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(position),
-                                                   int(has_gauss), float(gauss)],
-            "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(position),
+                                                    int(has_gauss), float(gauss)],
+             "torch": torch.get_rng_state()}
+    # a process that never used CUDA has nothing to save, and asking would start CUDA on a GPU it may not hold
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore `rng_state()`'s states; a state saved before `cuda` was kept, or on a machine with
+    other GPUs, restores what there is a generator for here (see set_cuda_rng_states)."""
     import numpy as np
     import torch
 
@@ -51,15 +58,29 @@ def set_rng_state(state: dict) -> None:
     name, keys, position, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+    set_cuda_rng_states(state.get("cuda", []))
 
 
-def save(ctx: StageContext, step: int, model, state: dict, keep: int = KEEP) -> None:
-    """Write step-<step> (model weights + trainer state) and drop older steps beyond `keep`."""
+def set_cuda_rng_states(states: list) -> int:
+    """Give each GPU here the saved state of the GPU with its index: the first min(saved, here)
+    GPUs (none without CUDA); the others keep their own. Returns how many were restored.
+    torch applies them when the process first uses CUDA."""
+    import torch
+
+    restorable = states[:torch.cuda.device_count()] if torch.cuda.is_available() else []
+    for index, gpu_state in enumerate(restorable):
+        torch.cuda.set_rng_state(gpu_state, index)
+    return len(restorable)
+
+
+def save(ctx: StageContext, step: int, model, state: dict, weights: dict | None = None, keep: int = KEEP) -> None:
+    """Write step-<step> (model weights + trainer state) and drop older steps beyond `keep`.
+    `weights`: the full state dict gathered from sharded training (None: the model's own)."""
     import torch
 
     local = ctx.workdir / "ckpt" / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
-    model.save_pretrained(str(local / "model"))
+    model.save_pretrained(str(local / "model"), state_dict=weights)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     (local / "state.pt").write_bytes(buffer.getvalue())
@@ -71,7 +92,7 @@ def save(ctx: StageContext, step: int, model, state: dict, keep: int = KEEP) -> 
         ctx.store.remove(f"{ctx.scratch}/step-{old}")
 
 
-def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict) -> str:
+def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict, weights: dict | None = None) -> str:
     """Commit the weights at `step` as the checkpoint artifact `<pipeline>/<stage>.step-<step>`.
 
     It is an ordinary checkpoint (loadable, evaluable, in lineage) that outlives the stage
@@ -79,7 +100,7 @@ def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict) 
     """
     local = ctx.workdir / "promote" / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
-    model.save_pretrained(str(local))
+    model.save_pretrained(str(local), state_dict=weights)
     tokenizer.save_pretrained(str(local))
     ref = ctx.store.commit(f"{ctx.output_name}.step-{step}", "checkpoint", local, producer=ctx.producer,
                            inputs=ctx.inputs, metrics={"promoted_at_step": step, **last_metrics})

@@ -23,6 +23,11 @@ class Example:
     labels: list[int]
     truncated: bool
 
+    @property
+    def scored_tokens(self) -> int:
+        """The tokens a loss scores: labels after the first that are not IGNORE_INDEX."""
+        return sum(label != IGNORE_INDEX for label in self.labels[1:])
+
 
 def encode_ids(prompt_ids: list[int], completion_ids: list[int], max_len: int,
                loss_mask: list[int] | None = None) -> Example:

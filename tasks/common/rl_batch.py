@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.losses import token_logps
+from models.losses import IGNORE_INDEX
+from models.token_logps import label_logps
 from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, step_advantages
 from models.sampling import left_padded
 
@@ -95,19 +96,16 @@ def padded_rows(rows: list[Row], pad_id: int, device):
 
 def completion_logps(model, prompt, prompt_mask, completion, completion_mask, temperature: float,
                      with_entropy: bool = False):
-    """Per-token log-probs [B, T] of the completion under the temperature-scaled policy (and the
-    per-token entropy of that distribution, without gradient, when asked)."""
+    """Per-token log-probs [B, T] of the completion under the temperature-scaled policy (0 on
+    padding), and the per-token entropy of that distribution, without gradient, when asked. Logits
+    only at the completion's positions, in chunks (models/token_logps.py)."""
     import torch
 
     ids = torch.cat([prompt, completion], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as the sampler numbers left-padded prompts
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    logits = logits[:, prompt.size(1) - 1:-1].float() / temperature
-    logps = token_logps(logits, completion)
-    if not with_entropy:
-        return logps, None
-    with torch.no_grad():
-        log_probs = torch.log_softmax(logits, dim=-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logps, entropy
+    labels = torch.cat([torch.full_like(prompt, IGNORE_INDEX), completion.masked_fill(completion_mask == 0,
+                                                                                      IGNORE_INDEX)], dim=1)
+    logps, entropy, _ = label_logps(model, ids, mask, labels, positions, temperature, with_entropy)
+    start = prompt.size(1) - 1  # the position that predicts the completion's first token
+    return logps[:, start:], entropy[:, start:] if entropy is not None else None

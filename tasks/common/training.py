@@ -7,6 +7,7 @@ checkpoint sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from tasks.common.trackers import Trackers
 from tasks.config import DatasetTrainStage, TrainStage
 
 LOG_EVERY = 25
+SHARDED = ("FSDP", "DEEPSPEED")  # accelerate's distributed types that shard weights and optimizer state
 PROGRESS_METRICS = ("loss", "reward", "accuracy", "reward_accuracy")  # what the progress line shows
 
 
@@ -85,12 +87,43 @@ def make_optimizer(model, stage: TrainStage, steps: int):
     return optimizer, scheduler
 
 
-def optimizer_step(model, loss, accelerator, optimizer, scheduler, max_grad_norm: float = 1.0) -> None:
-    accelerator.backward(loss)
-    accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+@dataclass
+class Learner:
+    """A model and its optimizer, as one step's micro-batches update it.
+
+    A step's loss is the sum of its micro-batches' losses, each normalised by the whole step's
+    count (tokens, pairs, rows: what the loss averages over) and multiplied by `shards`: DDP
+    averages gradients over the processes that split the batch. So the step's gradient is that of
+    the whole batch in one piece, whatever the micro-batch size and the number of processes.
+    """
+
+    model: object
+    accelerator: object
+    optimizer: object
+    scheduler: object
+    micro_batch_size: int | None = None  # None: the whole share at once
+
+    def pieces(self, rows: list) -> list[list]:
+        size = self.micro_batch_size or len(rows) or 1
+        return [rows[start:start + size] for start in range(0, len(rows), size)]
+
+    def shards(self, batch: list) -> int:
+        """How many processes split `batch` (Training.shard): all of them, or 1 when each holds it whole."""
+        processes = self.accelerator.num_processes
+        return processes if len(batch) >= processes else 1
+
+    def backward(self, loss, last: bool) -> None:
+        """Accumulate one micro-batch's gradients; processes exchange theirs only after the last."""
+        sync = contextlib.nullcontext() if last or self.accelerator.num_processes == 1 \
+            else self.accelerator.no_sync(self.model)
+        with sync:
+            self.accelerator.backward(loss)
+
+    def update(self, max_grad_norm: float = 1.0) -> None:
+        self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass
@@ -126,6 +159,10 @@ class Training:
         if (step + 1) % self.stage.checkpoint_every == 0 and step + 1 < self.steps:
             self._checkpoint(step + 1)
 
+    @property
+    def learner(self) -> Learner:
+        return Learner(self.model, self.accelerator, self.optimizer, self.scheduler, self.stage.micro_batch_size)
+
     def shard(self, batch: list) -> list:
         """This process's share of a batch: all of it, or every N-th example under N processes
         (DDP averages their gradients, so a step still sees the whole batch). A batch smaller than
@@ -136,16 +173,28 @@ class Training:
     def _checkpoint(self, step: int) -> None:
         """Scratch state for a resume, and the weights committed as `<pipeline>/<stage>.step-<n>`
         (by the committing process only; the others' weights are the same)."""
+        weights = self.gathered_weights()  # every process takes part in the gathering
         if not self.ctx.is_main:
             return
         model = self.accelerator.unwrap_model(self.model)
-        ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1])
+        ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1], weights)
         self.promoted.append(ref)
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "rng": checkpointing.rng_state(), "history": self.history, "promoted": self.promoted,
-                 "trackers": self.trackers.ids}
-        checkpointing.save(self.ctx, step, model, state)
+        state = {"scheduler": self.scheduler.state_dict(), "rng": checkpointing.rng_state(),
+                 "history": self.history, "promoted": self.promoted, "trackers": self.trackers.ids}
+        if not self.sharded:  # a sharded optimizer's state is spread over the processes: not kept
+            state["optimizer"] = self.optimizer.state_dict()
+        checkpointing.save(self.ctx, step, model, state, weights)
         self._show_report(step, ref)
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP or DeepSpeed (an accelerate_config): weights and optimizer state spread over the processes."""
+        return self.accelerator.distributed_type.value in SHARDED
+
+    def gathered_weights(self) -> dict | None:
+        """The full state dict, gathered from every process, when training is sharded (None otherwise:
+        save_pretrained reads the model's own). Every process must call it: it is a collective."""
+        return self.accelerator.get_state_dict(self.model) if self.sharded else None
 
     def _show_report(self, step: int, ref: str) -> None:
         """The report so far, its curves inline, for the stage's report artifact in Prefect (best
@@ -172,7 +221,7 @@ class Training:
         from tasks.common.curves import write_training_report
 
         out_dir, report_dir = self.ctx.workdir / "checkpoint", self.ctx.workdir / "report"
-        self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir))
+        self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir), state_dict=self.gathered_weights())
         self.tokenizer.save_pretrained(str(out_dir))
         write_training_report(self.history, report_dir, f"{self.ctx.pipeline}/{self.ctx.stage_id}")
         self.trackers.finish()
@@ -183,6 +232,17 @@ class Training:
                 "report": StageOutput("report", report_dir, {})}
 
 
+def make_accelerator(stage: TrainStage, device: str):
+    """accelerate's Accelerator on the stage's device, with its mixed precision (autocast over
+    fp32 weights). fp16 autocast needs CUDA: refused on the CPU."""
+    from accelerate import Accelerator
+
+    if stage.mixed_precision == "fp16" and device == "cpu":
+        raise ValueError(f"stage {stage.id!r}: mixed_precision: fp16 needs a CUDA device and this stage runs on "
+                         "the CPU; use bf16 (CPU and recent GPUs) or no")
+    return Accelerator(cpu=device == "cpu", mixed_precision=stage.mixed_precision)
+
+
 def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int, tokenizer,
                    updates_per_step: int = 1) -> Training:
     """Load the model from the stage's last in-stage checkpoint if there is one, else from `source`.
@@ -190,17 +250,22 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     The learning-rate schedule spans `steps * updates_per_step` optimizer updates.
     """
     import torch
-    from accelerate import Accelerator
 
     torch.manual_seed(stage.seed)
     resumed = checkpointing.latest(ctx)
+    accelerator = make_accelerator(stage, ctx.device)
     model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
+    if stage.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = make_optimizer(model, stage, steps * updates_per_step)
-    accelerator = Accelerator()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
     if resumed:
-        optimizer.load_state_dict(resumed.state["optimizer"])
+        if "optimizer" in resumed.state:
+            optimizer.load_state_dict(resumed.state["optimizer"])
+        else:
+            ctx.log("the in-stage checkpoint holds no optimizer state (sharded training): Adam's moments restart",
+                    "WARNING")
         scheduler.load_state_dict(resumed.state["scheduler"])
         checkpointing.set_rng_state(resumed.state["rng"])
         training.start, training.history = resumed.step, resumed.state["history"]

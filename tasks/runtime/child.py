@@ -25,6 +25,7 @@ from tasks.common import checkpointing, contract_gate
 from tasks.common.context import StageContext
 from tasks.common.contract_gate import ContractViolation
 from tasks.request import StageRequest
+from tasks.runtime.peaks import highest, max_over_ranks, stage_peaks
 from tasks.runtime.processes import alive
 
 
@@ -110,6 +111,9 @@ def execute(request: StageRequest) -> dict:
     try:
         outputs = importlib.import_module(declared.run_module()).run(stage, ctx)
         compute = time.monotonic() - began
+        device = ctx.device
+        # every process gathers now, while the others still run; rank 0 adds its own peak of the commit below
+        ranks_peaks = max_over_ranks(stage_peaks(device), device)
         if not ctx.is_main:
             return {}  # one process per GPU: rank 0 checks, commits and reports
         if set(outputs) != set(declared.outputs):
@@ -122,7 +126,8 @@ def execute(request: StageRequest) -> dict:
         for output in outputs.values():
             metrics.update(output.metrics)
         checkpointing.clear(ctx)
-        return {"outputs": refs, "metrics": metrics, "compute_seconds": round(compute, 3)}
+        return {"outputs": refs, "metrics": metrics, "compute_seconds": round(compute, 3), "device": device,
+                **highest(ranks_peaks, stage_peaks(device))}
     finally:
         shutil.rmtree(ctx.workdir, ignore_errors=True)
 

@@ -20,6 +20,7 @@ from tasks.kinds import warm_modules
 from tasks.runtime.cache import ROOT
 
 CHILD_MODULE = "tasks.runtime.child"
+ACCELERATE_CONFIG = "accelerate.yaml"  # beside the request file: the stage's accelerate config, if it has one
 CHILD_ENV_DEFAULTS = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
@@ -27,11 +28,12 @@ class ForkedChild:
     """The stage in a process forked from the warm fork server: `tasks.runtime.child.forked_main`, with
     the environment and working folder `python -m tasks.runtime.child` would get."""
 
-    def __init__(self, request_path: Path, result_path: Path):
+    def __init__(self, request_path: Path, result_path: Path, extra_env: dict[str, str] | None = None):
         from tasks.runtime.child import forked_main
 
         self.process = _fork_server().Process(target=forked_main, args=(str(request_path), str(result_path),
-                                                                         _child_env(), str(ROOT), os.getpid()))
+                                                                         _child_env(extra_env), str(ROOT),
+                                                                         os.getpid()))
         self.process.start()
 
     def poll(self) -> int | None:
@@ -45,9 +47,9 @@ class ForkedChild:
 class LaunchedChild:
     """The stage under `accelerate launch` (one process per GPU)."""
 
-    def __init__(self, gpus: int, request_path: Path, result_path: Path):
+    def __init__(self, gpus: int, request_path: Path, result_path: Path, extra_env: dict[str, str] | None = None):
         self.process = subprocess.Popen(child_command(gpus, request_path, result_path), cwd=str(ROOT),
-                                        env=_child_env(), preexec_fn=_die_with_parent)
+                                        env=_child_env(extra_env), preexec_fn=_die_with_parent)
 
     def poll(self) -> int | None:
         return self.process.poll()
@@ -57,8 +59,12 @@ class LaunchedChild:
         self.process.wait()
 
 
-def start_child(gpus: int, request_path: Path, result_path: Path):
-    return LaunchedChild(gpus, request_path, result_path) if gpus > 1 else ForkedChild(request_path, result_path)
+def start_child(gpus: int, request_path: Path, result_path: Path, extra_env: dict[str, str] | None = None):
+    """The stage's process, its environment this one's plus `extra_env` (the GPUs it holds:
+    tasks/runtime/devices.py)."""
+    if gpus > 1:
+        return LaunchedChild(gpus, request_path, result_path, extra_env)
+    return ForkedChild(request_path, result_path, extra_env)
 
 
 @lru_cache(maxsize=1)
@@ -87,10 +93,14 @@ def warm_up() -> None:
 
 def child_command(gpus: int, request_path: Path, result_path: Path) -> list[str]:
     """A multi-GPU stage (gpus > 1) runs `tasks.runtime.child` once per GPU under `accelerate launch`
-    (DDP: each process trains on its share of every batch, rank 0 commits)."""
+    (DDP: each process trains on its share of every batch, rank 0 commits), or as the stage's
+    accelerate config file says (FSDP, DeepSpeed) when the runner put one beside the request
+    (ACCELERATE_CONFIG). Mixed precision is the stage's own (the child's Accelerator is told)."""
     child = ["-m", CHILD_MODULE, str(request_path), str(result_path)]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    config = request_path.parent / ACCELERATE_CONFIG
+    how = ["--config_file", str(config)] if config.exists() else \
+        ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return [sys.executable, "-m", "accelerate.commands.launch", *how, "--num_processes", str(gpus),
             "--main_process_port", str(_free_port()), *child]
 
 
@@ -108,7 +118,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def _child_env() -> dict:
-    env = {**CHILD_ENV_DEFAULTS, **os.environ}
+def _child_env(extra_env: dict[str, str] | None = None) -> dict:
+    env = {**CHILD_ENV_DEFAULTS, **os.environ, **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env

@@ -21,8 +21,9 @@ from prefect.states import Completed
 from tasks.request import StageRequest
 from tasks.runtime.cache import cache_path, cached_result
 from tasks.runtime.claims import Claim, ClaimTimeout, claim_stage
+from tasks.runtime.devices import GpuLease, GpusUnavailable, lease_gpus
 from tasks.runtime.events import emit_checkpoint_created
-from tasks.runtime.launch import start_child
+from tasks.runtime.launch import ACCELERATE_CONFIG, start_child
 from tasks.runtime.live import LiveProgress, LiveReport
 
 ANNOUNCE_POLL_SECONDS = 0.5
@@ -105,18 +106,21 @@ def relay_log(line: str, level: str) -> None:
 
 
 def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
-                 on_progress=lambda progress: None, on_report=lambda markdown, step: None) -> dict:
+                 on_progress=lambda progress: None, on_report=lambda markdown, step: None,
+                 child_env: dict[str, str] | None = None) -> dict:
     """Run the stage in a child process (tasks/runtime/child.py); kill it at the stage's timeout.
     `on_checkpoint(ref, step)` is called for every checkpoint the stage commits, while it runs; the
     result lists them; `on_progress(progress)` and `on_report(markdown, step)` are called as the
-    child reports them."""
+    child reports them. `child_env` joins the child's environment (its GPUs: stage_gpus)."""
     timeout, stage_id = request.orchestration.timeout_seconds, request.stage.id
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress, on_report)
         request = request.model_copy(update={"announce_path": str(messages.path), "orchestrator_cwd": str(Path.cwd())})
         request_path.write_text(request.model_dump_json())
-        process = start_child(request.orchestration.gpus, request_path, result_path)
+        if request.accelerate_config is not None:
+            (Path(tmp) / ACCELERATE_CONFIG).write_text(request.accelerate_config)
+        process = start_child(request.orchestration.gpus, request_path, result_path, child_env)
         deadline = time.monotonic() + timeout
         try:
             while process.poll() is None:
@@ -147,6 +151,15 @@ def gpu_slots(gpus: int):
     return concurrency(GPU_LIMIT, occupy=gpus, strict=False)
 
 
+def stage_gpus(request: StageRequest) -> GpuLease:
+    """The GPUs of this box the stage's child may use, locked against the box's other stages
+    (tasks/runtime/devices.py); waiting for them counts against the stage's timeout."""
+    try:
+        return lease_gpus(request.orchestration.gpus, request.orchestration.timeout_seconds)
+    except GpusUnavailable as exc:
+        raise StageFailed(f"stage {request.stage.id!r}: {exc}") from None
+
+
 def stage_tags(request: StageRequest) -> list[str]:
     return ["posttrain", f"pipeline:{request.pipeline}", f"kind:{request.stage.kind}",
             "gpu" if request.orchestration.gpus else "cpu"]
@@ -175,9 +188,10 @@ def run_stage(request: StageRequest):
         return Completed(name="Cached", data=claim, message=f"outputs already committed: {claim['outputs']}")
     live = LiveProgress(store, request.run_id, request.stage.id)
     try:
-        with gpu_slots(request.orchestration.gpus):
+        with gpu_slots(request.orchestration.gpus), stage_gpus(request) as gpus:
             result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
-                                  on_progress=live, on_report=LiveReport(request.pipeline, request.stage.id))
+                                  on_progress=live, on_report=LiveReport(request.pipeline, request.stage.id),
+                                  child_env=gpus.child_env())
         store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
                                                                 **result})
     finally:

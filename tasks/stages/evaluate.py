@@ -124,7 +124,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                         on_update=ctx.report_progress)  # a step: one checkpoint on one env
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
-        model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
+        model, tokenizer = load_model(folder, ctx.model).to(ctx.device), load_tokenizer(folder)
         metrics[checkpoint] = {}
         for env_id in stage.envs:
             began = time.monotonic()

@@ -137,7 +137,7 @@ def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: D
 def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
-    model, tokenizer = load_model(folder, ctx.model), load_tokenizer(folder)
+    model, tokenizer = load_model(folder, ctx.model).to(ctx.device), load_tokenizer(folder)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     progress = Progress(len(tasks) * (stage.samples + stage.greedy), 0, ctx.stage_id, log_every=1,

@@ -21,14 +21,15 @@ from pydantic import Field
 
 from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
-from models.losses import preference_loss, sequence_logps
+from models.losses import preference_loss
+from models.token_logps import label_logps
 from models.sampling import chat_prompt
 from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
-from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
+from tasks.common.training import Learner, mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
 
 
@@ -60,6 +61,7 @@ class PreferenceStage(DatasetTrainStage):
 
     def check_spec(self, spec: SpecView) -> None:
         """Every prompt group of its rollouts must hold completions to pick a best and a worst from."""
+        super().check_spec(spec)
         for data in self.datasets():
             if spec.stage(data).output_kind() == "rollouts":
                 spec.stage(data).check_pairable(spec, self.id)
@@ -142,8 +144,8 @@ def encode_pairs(tokenizer, pairs: list[dict], max_len: int) -> tuple[list[Examp
 def side_logps(model, examples: list[Example], pad_id: int, device):
     """Summed completion log-probs and completion token counts of one side of a batch of pairs."""
     ids, mask, labels = collate(examples, pad_id, device)
-    logps, tokens = sequence_logps(model(input_ids=ids, attention_mask=mask).logits, labels)
-    return logps, tokens, int(mask.sum())
+    logps, _, scored = label_logps(model, ids, mask, labels)
+    return logps.sum(-1), scored.sum(-1), int(mask.sum())
 
 
 def reference_logps(model, examples: list[Example], pad_id: int, device) -> list[float]:
@@ -158,28 +160,41 @@ def reference_logps(model, examples: list[Example], pad_id: int, device) -> list
     return values
 
 
-def train_step(model, chosen: list[Example], rejected: list[Example], ref_chosen, ref_rejected,
-               stage: PreferenceStage, pad_id: int, accelerator, optimizer, scheduler) -> tuple[dict, int]:
-    """One optimizer step on a batch of pairs; returns (metrics, non-pad tokens processed).
+def train_step(learner: Learner, chosen: list[Example], rejected: list[Example], ref_chosen, ref_rejected,
+               stage: PreferenceStage, pad_id: int, step_pairs: int | None = None, shards: int = 1) -> tuple[dict, int]:
+    """One optimizer step on this process's share of a batch of pairs, in micro-batches of pairs;
+    returns (metrics over the share, non-pad tokens processed).
 
-    Chosen and rejected go through the model as two batches, each padded to its own longest
-    sequence: a looping rejected completion is often twice as long as its chosen one.
+    The loss is the mean of `preference_loss` over the step's `step_pairs` pairs (every process's
+    share; default: this share's), × `shards` (Learner). Chosen and rejected go through the model
+    as two batches, each padded to its own longest sequence: a looping rejected completion is
+    often twice as long as its chosen one.
     """
-    chosen_logps, chosen_tokens, chosen_seen = side_logps(model, chosen, pad_id, accelerator.device)
-    rejected_logps, rejected_tokens, rejected_seen = side_logps(model, rejected, pad_id, accelerator.device)
-    losses, chosen_rewards, rejected_rewards = preference_loss(
-        stage.method, stage.beta, chosen_logps, rejected_logps, ref_chosen.to(accelerator.device),
-        ref_rejected.to(accelerator.device), chosen_tokens, rejected_tokens)
-    loss = losses.mean()
-    optimizer_step(model, loss, accelerator, optimizer, scheduler)
-    metrics = {"loss": loss.item(), "reward_accuracy": (chosen_rewards > rejected_rewards).float().mean().item(),
-               "reward_margin": (chosen_rewards - rejected_rewards).mean().item()}
-    return metrics, chosen_seen + rejected_seen
+    step_pairs = step_pairs or len(chosen)
+    device = learner.accelerator.device
+    loss_sum, wins, margin_sum, seen = 0.0, 0.0, 0.0, 0
+    pieces = learner.pieces(list(range(len(chosen))))
+    for index, piece in enumerate(pieces):
+        with learner.accelerator.autocast():
+            chosen_logps, chosen_tokens, chosen_seen = side_logps(learner.model, [chosen[i] for i in piece], pad_id,
+                                                                  device)
+            rejected_logps, rejected_tokens, rejected_seen = side_logps(learner.model, [rejected[i] for i in piece],
+                                                                        pad_id, device)
+            losses, chosen_rewards, rejected_rewards = preference_loss(
+                stage.method, stage.beta, chosen_logps, rejected_logps, ref_chosen[piece].to(device),
+                ref_rejected[piece].to(device), chosen_tokens, rejected_tokens)
+        learner.backward(losses.sum() * shards / step_pairs, last=index == len(pieces) - 1)
+        loss_sum += losses.sum().item()
+        wins += (chosen_rewards > rejected_rewards).float().sum().item()
+        margin_sum += (chosen_rewards - rejected_rewards).sum().item()
+        seen += chosen_seen + rejected_seen
+    learner.update()
+    pairs = len(chosen)
+    return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, seen
 
 
 def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     import torch
-    from accelerate import PartialState
 
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
@@ -198,7 +213,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
                                 f"all {stats.prompts} prompt "
                                 "groups tied or unscored")
     chosen, rejected = encode_pairs(tokenizer, pairs, stage.max_seq_len)
-    device = PartialState().device
+    device = ctx.device
     reference = load_model(source, ctx.model).to(device)
     ref_chosen = reference_logps(reference, chosen, tokenizer.pad_token_id, device)
     ref_rejected = reference_logps(reference, rejected, tokenizer.pad_token_id, device)
@@ -216,10 +231,11 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
     training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)
     for step in range(training.start, training.steps):
-        batch = training.shard(mixed_batch_indices(sizes, stage.weights(), stage.batch_size, stage.seed, step))
-        metrics, tokens = train_step(training.model, [chosen[i] for i in batch], [rejected[i] for i in batch],
+        picked = mixed_batch_indices(sizes, stage.weights(), stage.batch_size, stage.seed, step)
+        batch = training.shard(picked)
+        metrics, tokens = train_step(training.learner, [chosen[i] for i in batch], [rejected[i] for i in batch],
                                      ref_chosen[batch], ref_rejected[batch], stage, tokenizer.pad_token_id,
-                                     training.accelerator, training.optimizer, training.scheduler)
+                                     len(picked), training.learner.shards(picked))
         training.record(step, tokens, **metrics)
 
     last = training.history[-1]

@@ -21,12 +21,12 @@ from pydantic import Field, model_validator
 from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from models.loading import load_model, load_tokenizer, set_threads
-from models.rl_losses import grpo_loss, kl_k3
+from models.rl_losses import grpo_loss, kl_k3, loss_denominator
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.rl_batch import completion_logps, padded_rows, training_rows
 from tasks.common.rollouts import LocalPolicy, Trajectory, roll_out
-from tasks.common.training import optimizer_step, start_training
+from tasks.common.training import start_training
 from tasks.config import ONE_SEQUENCE_ONLY, PLOT_MODULES, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
 
 
@@ -94,6 +94,7 @@ class RlStage(TrainStage):
 
     def check_spec(self, spec: SpecView) -> None:
         """A grpo row is one growing context: an env that restarts it (cod) needs steppo's rows per step."""
+        super().check_spec(spec)
         if self.algorithm != "grpo":
             return
         for env_id in self.envs:
@@ -265,38 +266,63 @@ def reference_logps(training, reference, batch, temperature: float):
             return completion_logps(training.model, *batch[:4], temperature)[0]
 
 
+@dataclass
+class Piece:
+    """One micro-batch of a step's rows, as tensors."""
+
+    batch: tuple  # prompt, prompt mask, completion, completion mask, loss mask (padded_rows)
+    advantages: object
+    ref_logps: object = None
+    old_logps: object = None  # the sampling policy's: the first iteration's, detached
+
+
 def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, pad_id: int) -> tuple[dict, int]:
-    """`num_iterations` clipped policy-gradient steps on a step's rows; returns (metrics, policy tokens)."""
+    """`num_iterations` clipped policy-gradient steps on a step's rows, each over its micro-batches;
+    returns (metrics, policy tokens)."""
     import torch
 
     # advantages are computed over whole groups first; then each process trains on its share
-    rows = training.shard(training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
-                                        stage.mask_truncated, stage.credit))
-    device = training.accelerator.device
-    batch = padded_rows(rows, pad_id, device)
-    prompt, prompt_mask, completion, completion_mask, loss_mask = batch
-    advantages = torch.tensor([r.advantage for r in rows], device=device)
-    ref_logps = reference_logps(training, reference, batch, stage.temperature) if stage.beta else None
-    old_logps, losses, clip_fractions = None, [], []
+    step_rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
+                              stage.mask_truncated, stage.credit)
+    learner, device = training.learner, training.accelerator.device
+    max_length = max(stage.max_tokens, *(len(r.completion_ids) for r in step_rows))  # a multi-turn grpo row is longer
+    denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \
+        / learner.shards(step_rows)
+    pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device))
+              for rows in learner.pieces(training.shard(step_rows))]
+    for piece in pieces:
+        piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
+    totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0}
     for iteration in range(stage.num_iterations):
-        logps, entropy = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask,
-                                          stage.temperature, with_entropy=iteration == 0)
-        if old_logps is None:  # the sampling policy: the ratio is 1 on the first pass
-            old_logps, first_entropy = logps.detach(), entropy
-        loss, clip_fraction = grpo_loss(
-            logps, old_logps, advantages, loss_mask, epsilon_low=stage.epsilon_low, epsilon_high=stage.epsilon_high,
-            aggregation=stage.loss_aggregation, ref_logps=ref_logps,
-            max_completion_length=max(stage.max_tokens, completion.size(1)),  # a multi-turn grpo row is longer
-            beta=stage.beta, ratio_level="sequence" if stage.algorithm == "steppo" else "token")
-        optimizer_step(training.model, loss, training.accelerator, training.optimizer, training.scheduler)
-        losses.append(loss.item())
-        clip_fractions.append(clip_fraction.item())
-    mask = loss_mask.float()
-    metrics = {"loss": sum(losses) / len(losses), "clip_fraction": sum(clip_fractions) / len(clip_fractions),
-               "entropy": ((first_entropy * mask).sum() / mask.sum().clamp(min=1)).item(), "rows": len(rows)}
-    if ref_logps is not None:
-        metrics["kl"] = ((kl_k3(old_logps, ref_logps) * mask).sum() / mask.sum().clamp(min=1)).item()
-    return metrics, int(loss_mask.sum())
+        for index, piece in enumerate(pieces):
+            prompt, prompt_mask, completion, completion_mask, loss_mask = piece.batch
+            with training.accelerator.autocast():
+                logps, entropy = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask,
+                                                  stage.temperature, with_entropy=iteration == 0)
+                if iteration == 0:  # the sampling policy: the ratio is 1 on the first pass
+                    piece.old_logps = logps.detach()
+                loss, clip_fraction = grpo_loss(
+                    logps, piece.old_logps, piece.advantages, loss_mask, epsilon_low=stage.epsilon_low,
+                    epsilon_high=stage.epsilon_high, aggregation=stage.loss_aggregation, ref_logps=piece.ref_logps,
+                    max_completion_length=max_length, beta=stage.beta, denominator=denominator,
+                    ratio_level="sequence" if stage.algorithm == "steppo" else "token")
+            learner.backward(loss, last=index == len(pieces) - 1)
+            tokens = int(loss_mask.sum())
+            totals["loss"] += loss.item() / stage.num_iterations
+            totals["clipped"] += clip_fraction.item() * tokens / stage.num_iterations
+            if iteration == 0:
+                mask = loss_mask.float()
+                totals["tokens"] += tokens
+                totals["entropy"] += (entropy * mask).sum().item()
+                if piece.ref_logps is not None:
+                    totals["kl"] += (kl_k3(piece.old_logps, piece.ref_logps) * mask).sum().item()
+        learner.update()
+    trained = max(1, totals["tokens"])
+    metrics = {"loss": totals["loss"], "clip_fraction": totals["clipped"] / trained,
+               "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces)}
+    if stage.beta:
+        metrics["kl"] = totals["kl"] / trained
+    return metrics, totals["tokens"]
 
 
 def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:

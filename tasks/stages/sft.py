@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Literal
 
 from models.loading import load_tokenizer, resolve_base, set_threads
-from models.losses import completion_nll
+from models.token_logps import label_logps
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
-from tasks.common.training import mixed_batch_indices, optimizer_step, start_training, total_steps
+from tasks.common.training import Learner, mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage
 
 
@@ -38,12 +38,28 @@ class SftStage(DatasetTrainStage):
         return refs
 
 
-def train_step(model, batch: list[Example], pad_id: int, accelerator, optimizer, scheduler) -> tuple[float, int]:
-    """One optimizer step on a batch; returns (loss, non-pad tokens processed)."""
-    ids, mask, labels = collate(batch, pad_id, accelerator.device)
-    loss, _ = completion_nll(model(input_ids=ids, attention_mask=mask).logits, labels)
-    optimizer_step(model, loss, accelerator, optimizer, scheduler)
-    return loss.item(), int(mask.sum())
+def train_step(learner: Learner, batch: list[Example], pad_id: int, step_tokens: int | None = None,
+               shards: int = 1) -> tuple[float, int]:
+    """One optimizer step on this process's share of a batch, in micro-batches; returns (mean loss
+    over the share's completion tokens, non-pad tokens processed).
+
+    The loss is `completion_nll` over the whole step: Σ −log πθ(y_t | y_<t) / `step_tokens`, the
+    completion tokens of the step's whole batch (every process's share; default: this share's),
+    × `shards` (Learner)."""
+    step_tokens = step_tokens or sum(example.scored_tokens for example in batch)
+    nll_sum, scored, seen = 0.0, 0, 0
+    pieces = learner.pieces(batch)
+    for index, piece in enumerate(pieces):
+        ids, mask, labels = collate(piece, pad_id, learner.accelerator.device)
+        with learner.accelerator.autocast():
+            logps, _, scored_positions = label_logps(learner.model, ids, mask, labels)
+            piece_nll = -logps.sum()
+        learner.backward(piece_nll * shards / max(1, step_tokens), last=index == len(pieces) - 1)
+        nll_sum += piece_nll.item()
+        scored += int(scored_positions.sum())
+        seen += int(mask.sum())
+    learner.update()
+    return nll_sum / max(1, scored), seen
 
 
 def sft_rows(data: str, rows: list[dict]) -> list[dict]:
@@ -72,10 +88,9 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     sizes, weights = [len(rows) for rows in datasets], stage.weights()
     training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
-        picked = mixed_batch_indices(sizes, weights, stage.batch_size, stage.seed, step)
-        batch = [examples[i] for i in training.shard(picked)]
-        loss, tokens = train_step(training.model, batch, tokenizer.pad_token_id, training.accelerator,
-                                  training.optimizer, training.scheduler)
+        picked = [examples[i] for i in mixed_batch_indices(sizes, weights, stage.batch_size, stage.seed, step)]
+        loss, tokens = train_step(training.learner, training.shard(picked), tokenizer.pad_token_id,
+                                  sum(example.scored_tokens for example in picked), training.learner.shards(picked))
         training.record(step, tokens, loss=loss)
     return training.finish({"final_loss": training.history[-1]["loss"], "examples": len(examples),
                             "truncated_examples": sum(e.truncated for e in examples)})

@@ -1,5 +1,7 @@
 """The evaluation flow in ephemeral mode (no Prefect server): inline after each new checkpoint,
-by hand with `posttrain eval` (cached when repeated), in `posttrain status`, and its bad input."""
+by hand with `posttrain eval` (cached when repeated), in `posttrain status`, and its bad input.
+The run it evaluates also has a stage beside warmup -> sft, which runs at once with warmup
+(`max_parallel_stages: 2`)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ from conftest import free_port
 from e2e.helpers import EPHEMERAL, by_id, posttrain, summary, tiny_spec, write
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
+SIDE = {"id": "side", "kind": "synthesize", "env": "arith", "n": 64}  # beside warmup -> sft: both start at once
 
 
 @pytest.fixture(scope="module")
 def evaluated_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("evaluation")
     store = tmp_path / "store"
-    spec = tiny_spec(f"file://{store}", sft={"max_steps": 6, "checkpoint_every": 3}, evaluation=EVALUATION)
-    spec["stages"] = spec["stages"][:2]
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 6, "checkpoint_every": 3}, evaluation=EVALUATION,
+                     max_parallel_stages=2)
+    spec["stages"] = [*spec["stages"][:2], SIDE]
     spec_path = write(tmp_path, spec)
     run = posttrain("run", spec_path, "--summary-json", tmp_path / "run.json", env=EPHEMERAL)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -53,6 +57,19 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
         accuracy = evaluation["metrics"]["arith"]["accuracy"]
         assert f"  {evaluation['checkpoint']}: completed, accuracy arith {accuracy:.1%} -> {evaluation['results']}" \
             in run.stdout
+
+
+def test_independent_stages_run_at_once_and_every_record_has_its_times(evaluated_run):
+    _, _, run_summary, _ = evaluated_run
+    stages = by_id(run_summary)
+    assert set(stages) == {"warmup", "side", "sft"} and run_summary["not_run"] == []
+    for stage in stages.values():
+        assert run_summary["started"] <= stage["started"] <= stage["finished"] <= run_summary["finished"]
+    warmup, side = (stages[stage_id] for stage_id in ("warmup", "side"))
+    # one at a time, side would run last (the spec's order); its stage takes about a second, the times' resolution
+    assert [stage["id"] for stage in run_summary["stages"]].index("side") < 2
+    assert max(warmup["started"], side["started"]) <= min(warmup["finished"], side["finished"])
+    assert stages["sft"]["started"] >= warmup["finished"]
 
 
 def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evaluated_run):

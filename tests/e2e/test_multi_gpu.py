@@ -10,13 +10,24 @@ from artifacts.store import Store
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 
 
+# DDP as a GPU box's config says it; without CUDA the processes train on the CPU (gloo), as with --multi_gpu
+CPU_ACCELERATE_CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_machines: 1
+num_processes: 2
+mixed_precision: 'no'
+"""
+
+
 def test_a_two_gpu_stage_trains_as_two_processes_and_commits_once(tmp_path):
     store = tmp_path / "store"
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 40, "learning_rate": 0.003, "checkpoint_every": 20,
                                              "gpus": 2})
+    # rl: as an accelerate config file says (DDP here; FSDP or DeepSpeed on GPUs), in micro-batches
+    (tmp_path / "ddp.yaml").write_text(CPU_ACCELERATE_CONFIG)
     spec["stages"][2:] = [{"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
                            "prompts_per_step": 4, "group_size": 4, "max_tokens": 32, "learning_rate": 0.001,
-                           "gpus": 2}]
+                           "gpus": 2, "accelerate_config": "ddp.yaml", "micro_batch_size": 3}]
     run = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     lines = run.stdout.splitlines()

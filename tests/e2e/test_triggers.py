@@ -5,8 +5,8 @@
    exactly one evaluation flow run completes per checkpoint, each with its results in the
    store, and the leaderboard artifact lists all three.
 2. deployments/prefect.yaml deployed with `prefect deploy` onto a process pool; a real
-   `prefect worker` runs the pipeline's stages (spec `workers.deployment`) and the triggered
-   evaluation.
+   `prefect worker` runs the pipeline's stages (spec `workers.deployment`), two independent ones
+   at once (`max_parallel_stages: 2`), and the triggered evaluation.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,15 @@ from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_r
                                 stop_when_idle, wait_until)
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
+SIDE = {"id": "side", "kind": "synthesize", "env": "arith", "n": 64}  # a stage nothing else reads
+
+
+def overlap(one: dict, other: dict, start: str, end: str) -> bool:
+    """Whether two runs' [start, end] times (ISO) overlap."""
+    def at(run: dict, key: str) -> datetime:
+        return datetime.fromisoformat(run[key])
+
+    return max(at(one, start), at(other, start)) < min(at(one, end), at(other, end))
 
 
 def start_logged(args: list, env: dict, log: Path) -> subprocess.Popen:
@@ -126,8 +136,8 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
 def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_worker(tmp_path):
     store = tmp_path / "store"
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100, "gpus": 1}, evaluation=EVALUATION,
-                     workers={"deployment": "post-train-stage/post-train-stage"})
-    spec["stages"] = spec["stages"][:2]
+                     workers={"deployment": "post-train-stage/post-train-stage"}, max_parallel_stages=2)
+    spec["stages"] = [*spec["stages"][:2], SIDE]  # side: a branch beside warmup -> sft, run at once with warmup
     spec["model"]["base"] = "${POSTTRAIN_TEST_BASE}"  # filled on the worker, not in the flow run's parameters
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as prefect_env:
@@ -143,7 +153,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         for flow_name, name in (("post-train", "post-train"), ("post-train-stage", "post-train-stage"),
                                 ("evaluate", "evaluate-on-checkpoint")):
             assert deployment(api, flow_name, name)["work_pool_name"] == "gpu-box"
-        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "1"], server,
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "2"], server,
                               tmp_path / "worker.log")
         try:
             run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
@@ -155,7 +165,11 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         finally:
             stop_when_idle(worker)
         stages = completed(api, "post-train-stage")
-        assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "warmup"]
+        assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "side", "warmup"]
+        # max_parallel_stages: 2 ran the two independent branches at once, as the flow saw them and on the worker
+        first = summary(tmp_path / "run.json")
+        assert overlap(*(by_id(first)[stage_id] for stage_id in ("warmup", "side")), "started", "finished")
+        assert overlap(*(run for run in stages if run["name"].endswith(("-warmup", "-side"))), "start_time", "end_time")
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
         assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
         assert not any("tiny-llama" in json.dumps(r["parameters"]) for r in stages)  # nor derived from it
@@ -168,7 +182,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         assert evaluation["parameters"]["checkpoint_ref"] == checkpoint
         assert len(eval_results(store, checkpoint)) == 1
         # a rerun through the worker finds both stages in the store: nothing new, so no new evaluation
-        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "1"], server,
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "2"], server,
                               tmp_path / "worker2.log")
         try:
             again = posttrain("run", path, "--summary-json", tmp_path / "again.json", env=server)
@@ -176,5 +190,5 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
             stop_when_idle(worker)
         assert again.returncode == 0, again.stdout[-3000:] + (tmp_path / "worker2.log").read_text()[-3000:]
         assert {s["id"]: s["state"] for s in summary(tmp_path / "again.json")["stages"]} == \
-            {"warmup": "cached", "sft": "cached"}
-        assert len(flow_runs(api, "post-train-stage")) == 4 and len(flow_runs(api, "evaluate")) == 1
+            {"warmup": "cached", "side": "cached", "sft": "cached"}
+        assert len(flow_runs(api, "post-train-stage")) == 6 and len(flow_runs(api, "evaluate")) == 1
