@@ -12,7 +12,7 @@ export GX_ANALYTICS_ENABLED := False
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test bench clean sandbox-tools browser-tools
+.PHONY: setup run test bench gpu-check clean sandbox-tools browser-tools
 
 setup: $(STAMP) sandbox-tools
 
@@ -56,6 +56,11 @@ test: setup browser-tools
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench
+
+# every stage kind on CUDA (a GPU machine; refuses elsewhere): bench/results/gpu_check.json
+# (on a GPU box, install torch's CUDA build in .venv first: README "Running on a GPU cluster")
+gpu-check: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf .posttrain

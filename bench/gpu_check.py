@@ -1,0 +1,132 @@
+"""`make gpu-check`: every stage kind on CUDA, on any machine with a GPU.
+
+Runs a small pipeline through the real CLI (`posttrain run`) with `gpus: 1` on every stage: a
+user's dataset, synthesize, sft, generate, preference, rl and evaluate, on the tiny preset, and
+again on a real model when one is in the local Hugging Face cache (LFM2-350M, Qwen3-0.6B: nothing
+is downloaded). It asserts from the run summary that every stage that runs a model ran on cuda,
+and writes bench/results/gpu_check.json with each stage's device, peak GPU memory, peak RSS and
+seconds. Without CUDA it refuses (exit 2): nothing in CI needs a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_STAGES = ("sft", "generate", "align", "rl", "final-eval")  # the stages that load a model
+REAL_MODELS = ("LiquidAI/LFM2-350M", "Qwen/Qwen3-0.6B")
+CHATS = [{"prompt": f"What is {a} + {b}?", "completion": f"{a + b}"} for a in range(1, 9) for b in range(1, 5)]
+# pairs the preference stage always has, whatever the briefly trained policy's rollouts tie on
+PAIRS = [{"prompt": f"What is {a} + {b}?", "chosen": f"{a + b}", "rejected": f"{a + b + 1}"} for a in range(1, 5)
+         for b in range(1, 5)]
+
+
+def pipeline_spec(store: str, base: str, lora: bool) -> dict:
+    """Every stage kind, tiny settings, one GPU each; the spec mirrors what a user writes."""
+    return {
+        "name": "gpu-check",
+        "store": store,
+        "model": {"base": base, **({"lora": {"r": 8}} if lora else {})},
+        "envs": {"arith": {"kind": "arith", "digits": 2}},
+        "defaults": {"retries": 0, "timeout_seconds": 1800, "gpus": 1},
+        "stages": [
+            {"id": "chats", "kind": "dataset", "source": "chats.jsonl"},
+            {"id": "pairs", "kind": "dataset", "source": "pairs.jsonl"},
+            {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 128},
+            {"id": "sft", "kind": "sft", "data": {"warmup": 0.7, "chats": 0.3}, "max_steps": 8, "batch_size": 8,
+             "micro_batch_size": 4, "gradient_checkpointing": True, "mixed_precision": "bf16"},
+            {"id": "generate", "kind": "generate", "policy": "sft", "env": "arith", "n": 8, "samples": 2,
+             "greedy": 1, "max_tokens": 32},
+            {"id": "align", "kind": "preference", "policy": "sft", "data": ["generate", "pairs"], "max_steps": 2,
+             "batch_size": 4, "micro_batch_size": 2},
+            {"id": "rl", "kind": "rl", "policy": "align", "envs": {"arith": 1.0}, "steps": 2,
+             "prompts_per_step": 2, "group_size": 4, "max_tokens": 32, "micro_batch_size": 4},
+            {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "rl"], "envs": ["arith"], "n": 16,
+             "max_new_tokens": 32},
+        ],
+    }
+
+
+def cached_real_models() -> list[str]:
+    """The real models whose config is in the local Hugging Face cache (never downloaded)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return [model for model in REAL_MODELS if isinstance(try_to_load_from_cache(model, "config.json"), str)]
+
+
+def write_pipeline(folder: Path, base: str, lora: bool) -> Path:
+    """The check's spec and its data files in `folder`; returns the spec's path."""
+    for name, rows in (("chats", CHATS), ("pairs", PAIRS)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = folder / "gpu-check.yaml"
+    spec.write_text(yaml.safe_dump(pipeline_spec(f"file://{folder / 'store'}", base, lora), sort_keys=False))
+    return spec
+
+
+def run_pipeline(folder: Path, base: str, lora: bool) -> dict:
+    """`posttrain run` of the check's pipeline in `folder`; returns the run summary."""
+    spec = write_pipeline(folder, base, lora)
+    summary_path = folder / "run.json"
+    run = subprocess.run([sys.executable, "-m", "flows.cli.main", "run", str(spec), "--summary-json",
+                          str(summary_path)], cwd=str(ROOT), capture_output=True, text=True)
+    if run.returncode != 0 or not summary_path.exists():
+        raise SystemExit(f"gpu-check: the pipeline on {base} failed (exit {run.returncode}):\n"
+                         f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    return json.loads(summary_path.read_text())
+
+
+def stage_figures(summary: dict) -> dict[str, dict]:
+    """{stage id: {device, peak_gpu_gb, peak_rss_gb, seconds}} from a run summary."""
+    return {stage["id"]: {key: stage.get(key) for key in ("device", "peak_gpu_gb", "peak_rss_gb", "seconds")}
+            for stage in summary["stages"]}
+
+
+def off_cuda(figures: dict[str, dict]) -> list[str]:
+    """The model stages that did not run on cuda (missing ones included), as `id (device)`."""
+    return [f"{stage_id} ({figures.get(stage_id, {}).get('device')})" for stage_id in MODEL_STAGES
+            if not str(figures.get(stage_id, {}).get("device")).startswith("cuda")]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(RESULTS_DIR / "gpu_check.json"))
+    parser.add_argument("--base", default="tiny-llama", help="the preset (or local folder) of the first pass")
+    args = parser.parse_args(argv)
+    go_offline()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: gpu-check needs a CUDA device and torch sees none here (torch.cuda.is_available() is False); "
+              "run it on a GPU machine", file=sys.stderr)
+        raise SystemExit(2)
+    runs = {}
+    for base, lora in [(args.base, False), *((model, True) for model in cached_real_models())]:
+        with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-") as folder:
+            figures = stage_figures(run_pipeline(Path(folder), base, lora))
+        missed = off_cuda(figures)
+        if missed:
+            raise SystemExit(f"gpu-check: on {base}, these stages did not run on cuda: {', '.join(missed)}")
+        runs[base] = figures
+        print(f"{base}: every model stage ran on cuda; {json.dumps(figures)}")
+    result = make_result(metric="model stages on cuda", unit="stages", ours=float(len(MODEL_STAGES)), peer=None,
+                         peer_name=None, config={"stages": list(MODEL_STAGES), "gpu": torch.cuda.get_device_name(0),
+                                                 "versions": package_versions("torch", "transformers", "accelerate",
+                                                                              "peft")})
+    result["runs"] = runs
+    write_result(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,37 @@
+"""`make gpu-check` (bench/gpu_check.py): its pipeline is a valid spec with every stage kind, it
+refuses on a machine without CUDA, and it names the stages that did not run on cuda."""
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from bench.gpu_check import MODEL_STAGES, off_cuda, write_pipeline
+from flows.spec import load_spec
+from tasks.kinds import BUILTIN_KINDS
+
+
+def test_the_check_pipeline_is_valid_and_runs_every_stage_kind_on_a_gpu(tmp_path):
+    for lora in (False, True):
+        spec, _ = load_spec(write_pipeline(tmp_path, "tiny-llama", lora))
+        assert {stage.kind for stage in spec.stages} == {kind.model_fields["kind"].annotation.__args__[0] for kind in BUILTIN_KINDS}
+        assert all(spec.resolved(stage).gpus == 1 for stage in spec.stages)
+        assert set(MODEL_STAGES) <= {stage.id for stage in spec.stages}
+
+
+def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    run = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(out)], cwd=str(ROOT),
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip() == ("error: gpu-check needs a CUDA device and torch sees none here "
+                                  "(torch.cuda.is_available() is False); run it on a GPU machine")
+    assert not out.exists()
+
+
+def test_a_model_stage_off_cuda_is_named():
+    figures = {stage_id: {"device": "cuda:0"} for stage_id in MODEL_STAGES}
+    assert off_cuda(figures) == []
+    figures["rl"] = {"device": "cpu"}
+    del figures["final-eval"]
+    assert off_cuda(figures) == ["rl (cpu)", "final-eval (None)"]
