@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 # Each module has `main(argv) -> result dict` and writes bench/results/<name>.json.
-BENCHES = ("sft_vs_trl", "dpo_vs_trl", "grpo_vs_trl", "overhead", "rl_seeds", "contracts", "generate")
+BENCHES = ("sft_vs_trl", "dpo_vs_trl", "grpo_vs_trl", "overhead", "rl_seeds", "contracts", "generate",
+           "scale")
 
 COLUMNS = ("name", "metric", "ours", "peer", "ratio")
 

@@ -44,6 +44,7 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine when the result was written
     }
 
 

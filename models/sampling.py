@@ -66,16 +66,19 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 
 def generate_tokens(model, tokenizer, prompts: list[list[int]], params: SamplingParams, *, batch_size: int = 64,
-                    seed: int = 0, on_batch=None) -> list[Generation]:
+                    seed: int = 0, on_batch=None, row_seeds: list[int] | None = None) -> list[Generation]:
     """Complete each prompt (token ids in), `batch_size` prompts at a time; `on_batch(done)` after
-    each batch, with the number of prompts completed so far."""
-    import torch
+    each batch, with the number of prompts completed so far.
 
-    generator = torch.Generator().manual_seed(seed)
+    Each prompt samples from its own generator, seeded `row_seeds[i]` (default `seed + i`): what a
+    prompt gets depends on its seed, not on the batch it shares, so a workload split across
+    processes (tasks/common/ranks.py) samples what one process would."""
     model.eval()
+    row_seeds = row_seeds if row_seeds is not None else [seed + i for i in range(len(prompts))]
     results: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
-        results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params, generator)
+        results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params,
+                                 row_seeds[start:start + batch_size])
         if on_batch is not None:
             on_batch(len(results))
     return results
@@ -93,8 +96,8 @@ def left_padded(prompts: list[list[int]], pad_id: int, device):
     return input_ids.to(device), attention.to(device)
 
 
-def next_tokens(logits, params: SamplingParams, generator):
-    """Pick one token per row; returns (tokens, their log-probs)."""
+def next_tokens(logits, params: SamplingParams, generators: list):
+    """Pick one token per row (row i drawn with `generators[i]`); returns (tokens, their log-probs)."""
     import torch
 
     if params.temperature is None:
@@ -111,14 +114,17 @@ def next_tokens(logits, params: SamplingParams, generator):
         probs = sorted_lp.exp()
         outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
         filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
-    tokens = torch.multinomial(torch.softmax(filtered, dim=-1).cpu(), 1, generator=generator)[:, 0]
+    probs = torch.softmax(filtered, dim=-1).cpu()
+    tokens = torch.cat([torch.multinomial(row, 1, generator=generator) for row, generator in zip(probs, generators)])
     tokens = tokens.to(logits.device)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 
-def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams, generator) -> list[Generation]:
+def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams,
+                  row_seeds: list[int]) -> list[Generation]:
     import torch
 
+    generators = [torch.Generator().manual_seed(seed % 2**63) for seed in row_seeds]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     input_ids, attention = left_padded(prompts, pad, model.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -129,7 +135,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
         # the model builds the cache its architecture needs (KV, or hybrid conv state for LFM2)
         output = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         for step in range(params.max_new_tokens):
-            tokens, logprobs = next_tokens(output.logits[:, -1, :], params, generator)
+            tokens, logprobs = next_tokens(output.logits[:, -1, :], params, generators)
             tokens = tokens.cpu().masked_fill(done, pad)
             steps_tokens.append(tokens)
             steps_logprobs.append(logprobs.cpu())

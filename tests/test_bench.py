@@ -80,3 +80,28 @@ def test_dpo_vs_trl_writes_a_well_formed_result(tmp_path):
     assert config["peer"]["reference_logps_match_ours"] is True
     assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"] > 0
     assert config["data"]["mean_rejected_tokens"] > config["data"]["mean_chosen_tokens"]
+
+
+def test_scale_writes_a_well_formed_result(tmp_path):
+    from bench import scale
+
+    out = tmp_path / "s.json"
+    result = scale.main(["--tiny", "--in-process", "--rows", "2", "--seq-len", "24", "--prompt-len", "8",
+                         "--new-tokens", "3", "--threads", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert tuple(result)[:len(RESULT_KEYS)] == RESULT_KEYS
+    assert result["unit"] == "GB" and result["higher_is_better"] is False
+    assert result["peer"] is None and result["ratio"] is None
+    assert result["metric"] == "lfm2-350m LoRA rl step peak RSS"
+    assert set(result["models"]) == {"lfm2-350m", "qwen3-0.6b"}
+    for name, rows in result["models"].items():
+        assert set(rows) == {"sft", "preference", "rl", "generate"}
+        for row in rows.values():
+            assert row["peak_rss_gb"] > 0 and row["seconds"] > 0 and row["tokens_per_second"] > 0
+        assert rows["sft"]["tokens"] == 2 * 24 and rows["preference"]["tokens"] == 2 * 2 * 24
+        assert rows["rl"]["tokens"] == 2 * 24 and rows["rl"]["trained_tokens"] == 2 * 16
+        assert rows["generate"]["tokens"] == 2 * 3  # no end token: every prompt decodes the whole budget
+        assert result["config"]["models"][name]["lora_modules"] > 0
+    assert result["ours"] == result["models"]["lfm2-350m"]["rl"]["peak_rss_gb"]
+    assert result["aim"]["rl_peak_rss_gb_below"] == 6.0 and isinstance(result["aim"]["met"], bool)
+    assert result["aim"]["at_aim_settings"] is False  # tiny configs, rows in one process

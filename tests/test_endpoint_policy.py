@@ -63,4 +63,4 @@ def test_without_extensions_a_continued_context_is_refused_before_anything_is_se
     policy = EndpointPolicy(f"http://127.0.0.1:{free_port()}/v1", NAME, tokenizer, extensions=False)
     context = Context.start(tokenizer, "what is 2+2?")
     with pytest.raises(EndpointError, match="needs the continue_final_message extension"):
-        policy.act([0], [context.extended([5, 6])], 1, SamplingParams(8, stop=("</calc>",)), 0)
+        policy.act([0], [context.extended([5, 6])], 1, SamplingParams(8, stop=("</calc>",)), [0])

@@ -137,8 +137,9 @@ def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
     from tasks.stages.rl import run
 
     store, policy_ref = committed_policy(tmp_path)
-    # every completion of the untrained model is cut at 8 tokens: the same −0.5 overlong reward for all
-    stage = rl_stage(steps=2, prompts_per_step=2, group_size=2, max_tokens=8,
+    # near-greedy sampling of the untrained model: every completion is the same loop, cut at 8 tokens, with the
+    # same −0.5 overlong reward
+    stage = rl_stage(steps=2, prompts_per_step=2, group_size=2, max_tokens=8, temperature=0.01,
                      dynamic_sampling=DynamicSampling(max_rounds=3), overlong=Overlong(buffer=4, penalty=0.5))
     history = read_history(run(stage, stage_context(tmp_path, "w", store, policy_ref, {"arith": ENV.config})))
     for h in history:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from artifacts.store import first_line
 from models.sampling import Generation, SamplingParams, before_stop
-from tasks.common.rollouts import TURN_SEED_STRIDE, Context, ended_ids
+from tasks.common.rollouts import Context, ended_ids
 
 
 class EndpointError(RuntimeError):
@@ -52,11 +52,10 @@ class EndpointPolicy:
         return cls(config.endpoint, config.model, tokenizer, api_key=api_key)
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
-            seed: int) -> list[Generation]:
-        """One action per context; episode `e` decodes with its own seed, so a group of repeats of
-        one task samples different actions."""
-        requests = [self._request(context, params, seed + turn * TURN_SEED_STRIDE + episode)
-                    for episode, context in zip(episodes, contexts)]
+            seeds: list[int]) -> list[Generation]:
+        """One action per context, each request with its episode's seed for this turn (a group of
+        repeats of one task samples different actions)."""
+        requests = [self._request(context, params, seed) for seed, context in zip(seeds, contexts)]
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             return list(pool.map(lambda request: self._generation(request, params.stop), requests))
 

@@ -18,7 +18,7 @@ from typing import Callable
 from envs.base import Outcome, Task
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
-TURN_SEED_STRIDE = 7919  # turn t of a batch decodes with seed + t * stride
+TURN_SEED_STRIDE = 7919  # turn t of an episode decodes with its seed + t * stride
 
 
 @dataclass
@@ -88,9 +88,9 @@ class LocalPolicy:
     batch_size: int = 64
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
-            seed: int) -> list[Generation]:
+            seeds: list[int]) -> list[Generation]:
         return generate_tokens(self.model, self.tokenizer, [c.ids for c in contexts], params,
-                               batch_size=self.batch_size, seed=seed + turn * TURN_SEED_STRIDE)
+                               batch_size=self.batch_size, row_seeds=seeds)
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`)."""
@@ -109,7 +109,7 @@ class ScriptedPolicy:
     respond: Callable[[str], str] = lambda prompt: ""  # its answer to an episode's own model call
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
-            seed: int) -> list[Generation]:
+            seeds: list[int]) -> list[Generation]:
         actions = [self.scripts[i][turn] if turn < len(self.scripts[i]) else "" for i in episodes]
         return [Generation(text, ended_ids(self.tokenizer, text, params.stop), finish_reason="stop")
                 for text in actions]
@@ -119,15 +119,18 @@ class ScriptedPolicy:
 
 
 def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0,
-             on_finished=None) -> list[Trajectory]:
+             on_finished=None, episode_seeds: list[int] | None = None) -> list[Trajectory]:
     """Play one episode of `env` per task (repeat a task for a group); returns their trajectories.
+    Episode i samples with seed `episode_seeds[i]` (default `seed + i`), + TURN_SEED_STRIDE per turn.
     `on_finished(done)` after each turn, with the number of episodes over so far."""
+    episode_seeds = episode_seeds if episode_seeds is not None else [seed + i for i in range(len(tasks))]
     params = replace(params, stop=tuple(env.action_stop))
     sub_params = replace(params, temperature=None)  # an episode's own model calls decode greedily
     episodes = [env.start(task, lambda prompt: policy.complete(prompt, sub_params)) for task in tasks]
     trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt)) for task in tasks]
     try:
-        _play(policy, tokenizer, env, episodes, trajectories, params, seed, on_finished or (lambda done: None))
+        _play(policy, tokenizer, env, episodes, trajectories, params, episode_seeds,
+              on_finished or (lambda done: None))
     finally:  # graded and released even when a turn raised: a sandbox is never left behind
         outcomes = [episode.finish() for episode in episodes]
     for trajectory, outcome in zip(trajectories, outcomes):
@@ -135,13 +138,14 @@ def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, 
     return trajectories
 
 
-def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams, seed: int,
-          on_finished) -> None:
+def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams,
+          episode_seeds: list[int], on_finished) -> None:
     """Every turn: one batch of actions from the running episodes, and the env's answer to each."""
     contexts = [Context(t.prompt_ids, t.task.prompt, len(t.prompt_ids)) for t in trajectories]
     running = list(range(len(trajectories)))
     for turn in range(env.max_turns):
-        generations = policy.act(running, [contexts[i] for i in running], turn, params, seed)
+        generations = policy.act(running, [contexts[i] for i in running], turn, params,
+                                 [episode_seeds[i] + turn * TURN_SEED_STRIDE for i in running])
         still_running = []
         for i, gen in zip(running, generations):
             action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)

@@ -25,6 +25,7 @@ from tasks.common.datasets import write_rows
 from tasks.common.eval_report import write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
+from tasks.common.ranks import split_and_gather
 from tasks.common.rollouts import LocalPolicy, roll_out
 from tasks.config import PLOT_MODULES, Judge, SampledEval, StageBase
 
@@ -100,20 +101,31 @@ def _mean_finite(values) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str) -> tuple[list[dict], dict]:
+def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str,
+                    device: str = "cpu") -> tuple[list[dict], dict]:
     """Greedy (and, if asked, sampled) episodes of `policy` on `stage.n` eval tasks of `env`:
-    the per-episode rows and their summary. The policy is a local model or an endpoint."""
-    detector = DoomLoopDetector()
+    the per-episode rows and their summary. The policy is a local model or an endpoint. Under
+    several processes each plays its share of the tasks (task i samples with seed + i, whoever
+    plays it) and all of them end up with every row (tasks/common/ranks.py)."""
     tasks = env.tasks("eval", stage.n, stage.seed)
-    greedy = score_rows(env, roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_new_tokens)),
-                        checkpoint=label, mode="greedy", detector=detector)
-    if stage.judge is not None:
-        judge_rows(greedy, stage.judge, tokenizer)
-    sampled = []
-    if stage.sampled is not None:
-        params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
-        sampled = score_rows(env, roll_out(policy, tokenizer, env, tasks, params, seed=stage.seed),
-                             checkpoint=label, mode="sampled", detector=detector)
+
+    def play(mine: list[int]) -> list[list[dict]]:
+        """[greedy row, sampled row (if asked)] of each task of this process's share."""
+        detector, own = DoomLoopDetector(), [tasks[i] for i in mine]
+        greedy = score_rows(env, roll_out(policy, tokenizer, env, own, SamplingParams(stage.max_new_tokens)),
+                            checkpoint=label, mode="greedy", detector=detector)
+        if stage.judge is not None:
+            judge_rows(greedy, stage.judge, tokenizer)
+        sampled = [None] * len(own)
+        if stage.sampled is not None:
+            params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
+            sampled = score_rows(env, roll_out(policy, tokenizer, env, own, params,
+                                               episode_seeds=[stage.seed + i for i in mine]),
+                                 checkpoint=label, mode="sampled", detector=detector)
+        return [[g, s] for g, s in zip(greedy, sampled)]
+
+    pairs = split_and_gather(len(tasks), play, device)
+    greedy, sampled = [g for g, _ in pairs], [s for _, s in pairs if s is not None]
     return greedy + sampled, summarize(greedy, sampled)
 
 
@@ -130,7 +142,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
             began = time.monotonic()
             env_rows, metrics[checkpoint][env_id] = evaluate_policy(
                 LocalPolicy(model, tokenizer, stage.batch_size), tokenizer, ctx.env(env_id),
-                stage, checkpoint)
+                stage, checkpoint, ctx.device)
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")

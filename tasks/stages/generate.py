@@ -22,6 +22,7 @@ from models.sampling import SamplingParams, chat_prompt, generate_tokens
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.progress import Progress
+from tasks.common.ranks import split_and_gather
 from tasks.common.rollouts import LocalPolicy, roll_out
 from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
 
@@ -74,12 +75,21 @@ class GenerateStage(StageBase):
                                             "per prompt")
 
 
+def sample_seeds(stage: GenerateStage, indices: list[int]) -> list[int]:
+    """The seed of each sampled completion of the prompts `indices`: sample j of prompt i has
+    `seed + i * samples + j`, whichever process makes it."""
+    return [stage.seed + i * stage.samples + j for i in indices for j in range(stage.samples)]
+
+
 def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage,
-                report=lambda done: None) -> list[list]:
-    """For each prompt: its sampled completions, then its greedy ones; `report(done)` as batches end."""
+                report=lambda done: None, indices: list[int] | None = None) -> list[list]:
+    """For each prompt (`indices`: their places among the stage's prompts, default 0, 1, …): its
+    sampled completions, then its greedy ones; `report(done)` as batches end."""
+    indices = indices if indices is not None else list(range(len(prompt_ids)))
     sampled = generate_tokens(model, tokenizer, [p for p in prompt_ids for _ in range(stage.samples)],
                               SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
-                              batch_size=stage.batch_size, seed=stage.seed, on_batch=report) if stage.samples else []
+                              batch_size=stage.batch_size, on_batch=report,
+                              row_seeds=sample_seeds(stage, indices)) if stage.samples else []
     greedy = generate_tokens(model, tokenizer, prompt_ids, SamplingParams(stage.max_tokens),
                              batch_size=stage.batch_size, on_batch=lambda done: report(len(sampled) + done)) \
         if stage.greedy else []
@@ -104,15 +114,16 @@ def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector:
 
 
 def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: DoomLoopDetector,
-                 report=lambda done: None) -> list[dict]:
+                 report=lambda done: None, indices: list[int] | None = None) -> list[dict]:
     """Rows of a multi-turn env: each completion is a whole episode played through the env (tool
     calls, observations), with its loss mask (1 on the policy's tokens) and env mask; `report(done)`
-    as episodes end."""
+    as episodes end. `indices`: the tasks' places among the stage's (default 0, 1, …)."""
     policy = LocalPolicy(model, tokenizer, stage.batch_size)
     modes = ["sampled"] * stage.samples + ["greedy"] * stage.greedy
+    indices = indices if indices is not None else list(range(len(tasks)))
     sampled = roll_out(policy, tokenizer, env, [t for t in tasks for _ in range(stage.samples)],
-                       SamplingParams(stage.max_tokens, stage.temperature, stage.top_p), seed=stage.seed,
-                       on_finished=report)
+                       SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
+                       episode_seeds=sample_seeds(stage, indices), on_finished=report)
     greedy = roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_tokens),
                       on_finished=lambda done: report(len(sampled) + done)) if stage.greedy else []
     rows = []
@@ -140,14 +151,23 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     model, tokenizer = load_model(folder, ctx.model).to(ctx.device), load_tokenizer(folder)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
-    progress = Progress(len(tasks) * (stage.samples + stage.greedy), 0, ctx.stage_id, log_every=1,
-                        on_update=ctx.report_progress)  # a step: one completion (a batch at a time)
-    if env.max_turns > 1:
-        rows = episode_rows(env, tasks, model, tokenizer, stage, DoomLoopDetector(), progress.update)
-    else:
-        prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in tasks]
-        rows = rollout_rows(env, tasks, prompt_ids, completions(model, tokenizer, prompt_ids, stage, progress.update),
-                            stage, DoomLoopDetector())
+    per_task = stage.samples + stage.greedy
+
+    def rows_of(mine: list[int]) -> list[list[dict]]:
+        """The rows of this process's share of the tasks, grouped by task."""
+        progress = Progress(len(mine) * per_task, 0, ctx.stage_id, log_every=1,
+                            on_update=ctx.report_progress)  # a step: one completion (a batch at a time)
+        own = [tasks[i] for i in mine]
+        if env.max_turns > 1:
+            rows = episode_rows(env, own, model, tokenizer, stage, DoomLoopDetector(), progress.update, mine)
+        else:
+            prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in own]
+            rows = rollout_rows(env, own, prompt_ids,
+                                completions(model, tokenizer, prompt_ids, stage, progress.update, mine), stage,
+                                DoomLoopDetector())
+        return [rows[k * per_task:(k + 1) * per_task] for k in range(len(mine))]
+
+    rows = [row for task_rows in split_and_gather(len(tasks), rows_of, ctx.device) for row in task_rows]
     out_dir = ctx.workdir / "rollouts"
     write_rows(rows, out_dir)
     greedy = [r for r in rows if r["mode"] == "greedy"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -25,7 +25,8 @@ from models.rl_losses import grpo_loss, kl_k3, loss_denominator
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.rl_batch import completion_logps, padded_rows, training_rows
-from tasks.common.rollouts import LocalPolicy, Trajectory, roll_out
+from tasks.common.ranks import split_and_gather
+from tasks.common.rollouts import LocalPolicy, Trajectory, TurnRecord, roll_out
 from tasks.common.training import start_training
 from tasks.config import ONE_SEQUENCE_ONLY, PLOT_MODULES, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
 
@@ -171,21 +172,45 @@ def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, se
 
 
 def sample_groups(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, seed: int,
-                  detector: DoomLoopDetector) -> list[list[Scored]]:
-    """`group_size` scored episodes of each picked task, one group per task, in picked order."""
+                  detector: DoomLoopDetector, device: str = "cpu") -> list[list[Scored]]:
+    """`group_size` scored episodes of each picked task, one group per task, in picked order.
+
+    Episode j of group i samples with seed `seed + i * group_size + j`; under several processes
+    each samples its share of the groups and all of them end up with every group
+    (tasks/common/ranks.py)."""
     params = SamplingParams(stage.max_tokens, stage.temperature)
-    scored: dict[int, list[Scored]] = {}
-    for env_id, env in envs.items():
-        indices = [i for i, (picked_env, _) in enumerate(picked) if picked_env == env_id]
-        if not indices:
-            continue
-        tasks = [picked[i][1] for i in indices for _ in range(stage.group_size)]
-        trajectories = roll_out(LocalPolicy(model, tokenizer, len(tasks)), tokenizer, env, tasks, params, seed=seed)
-        for k, i in enumerate(indices):
-            group = trajectories[k * stage.group_size:(k + 1) * stage.group_size]
-            scored[i] = [score_trajectory(t, env, rubric_of[env_id], stage, detector) for t in group]
+    size = stage.group_size
+
+    def play(mine: list[int]) -> list[list[Scored]]:
+        scored: dict[int, list[Scored]] = {}
+        for env_id, env in envs.items():
+            indices = [i for i in mine if picked[i][0] == env_id]
+            if not indices:
+                continue
+            tasks = [picked[i][1] for i in indices for _ in range(size)]
+            trajectories = roll_out(LocalPolicy(model, tokenizer, len(tasks)), tokenizer, env, tasks, params,
+                                    episode_seeds=[seed + i * size + j for i in indices for j in range(size)])
+            for k, i in enumerate(indices):
+                group = trajectories[k * size:(k + 1) * size]
+                scored[i] = [score_trajectory(t, env, rubric_of[env_id], stage, detector) for t in group]
+        return [scored[i] for i in mine]
+
+    groups = split_and_gather(len(picked), play, device, encode=lambda group: [scored_data(s) for s in group],
+                              decode=lambda i, data: [scored_from_data(d, picked[i][1]) for d in data])
     model.train()
-    return [scored[i] for i in range(len(picked))]
+    return groups
+
+
+def scored_data(scored: Scored) -> dict:
+    """A scored episode as JSON values, without its task (every process drew the same tasks)."""
+    data = asdict(scored)
+    del data["trajectory"]["task"]
+    return data
+
+
+def scored_from_data(data: dict, task) -> Scored:
+    trajectory = dict(data["trajectory"], task=task, turns=[TurnRecord(**turn) for turn in data["trajectory"]["turns"]])
+    return Scored(**dict(data, trajectory=Trajectory(**trajectory)))
 
 
 def has_signal(group: list[Scored]) -> bool:
@@ -193,13 +218,14 @@ def has_signal(group: list[Scored]) -> bool:
     return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
 
 
-def collect(model, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int, detector):
+def collect(model, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int, detector, device: str = "cpu"):
     """The step's training groups, every episode it sampled, and how many draws it took."""
     kept, sampled, draws = [], [], 0
     while True:
         picked = step_tasks(pools, stage.envs, stage.prompts_per_step, stage.seed, step, draws)
+        # a million episode seeds per draw: no two episodes of the stage share one
         groups = sample_groups(model, tokenizer, envs, rubric_of, picked, stage,
-                               stage.seed * 1_000_003 + step + draws * 7_919_000, detector)
+                               ((stage.seed * 1_000_003 + step) * 1024 + draws) * 1_000_000, detector, device)
         sampled += [s for group in groups for s in group]
         draws += 1
         if stage.dynamic_sampling is None:
@@ -342,7 +368,8 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
         else None
     detector = DoomLoopDetector()
     for step in range(training.start, stage.steps):
-        groups, sampled, draws = collect(policy, tokenizer, envs, rubric_of, pools, stage, step, detector)
+        groups, sampled, draws = collect(policy, tokenizer, envs, rubric_of, pools, stage, step, detector,
+                                         str(training.accelerator.device))
         metrics = batch_metrics(sampled, list(stage.envs))
         completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
         if groups:  # empty when dynamic sampling found no group with signal within its draws
