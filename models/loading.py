@@ -69,6 +69,12 @@ def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = Fa
     return model
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them
+    (transformers' non-reentrant checkpointing: no extra hooks needed for LoRA's frozen inputs)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
 def add_lora(model, model_cfg: ModelConfig):
     from peft import LoraConfig, get_peft_model
 

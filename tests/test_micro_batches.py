@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from models.loading import load_tokenizer
+from models.loading import enable_activation_checkpointing, load_tokenizer
 from models.presets import materialize
 from models.rl_losses import grpo_loss, loss_denominator
 from tasks.common.encoding import Example, collate
@@ -150,7 +150,7 @@ def test_gradient_checkpointing_changes_no_gradient(tiny):
 
     model, tokenizer = tiny
     plain, checkpointed = copy.deepcopy(model).train(), copy.deepcopy(model).train()
-    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(checkpointed)
     batch = ragged_examples(6)
     plain_loss, _ = train_step(sgd_learner(plain, None), batch, tokenizer.pad_token_id)
     checkpointed_loss, _ = train_step(sgd_learner(checkpointed, 2), batch, tokenizer.pad_token_id)

@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from models.loading import load_model
+from models.loading import enable_activation_checkpointing, load_model
 from tasks.common import checkpointing
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.progress import Progress
@@ -256,7 +256,7 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     accelerator = make_accelerator(stage, ctx.device)
     model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
     if stage.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     optimizer, scheduler = make_optimizer(model, stage, steps * updates_per_step)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
