@@ -25,7 +25,8 @@ def agentic_spec(store) -> dict:
         "name": "agentic", "store": f"file://{store}", "model": {"base": "tiny-llama-1k"}, "envs": ENVS,
         "defaults": {"retries": 0, "retry_delay_seconds": 0, "timeout_seconds": 600},
         "stages": warm + [
-            {"id": "sft", "kind": "sft", "data": [s["id"] for s in warm], "max_steps": 4, "batch_size": 8,
+            # batches of 4 of the 8 episodes (1,024 positions each): both warm-ups' twice over in 4 steps
+            {"id": "sft", "kind": "sft", "data": [s["id"] for s in warm], "max_steps": 4, "batch_size": 4,
              "max_seq_len": 1024, "checkpoint_every": 2},
             {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "search", "n": 4, "samples": 2, "greedy": 1,
              "max_tokens": 16, "contract": {"max_truncated_fraction": 1.0}},

@@ -49,6 +49,7 @@ def test_generation_with_too_few_tokens_is_stopped_by_the_rollouts_contract(tmp_
     spec = tiny_spec(f"file://{store}")
     spec["stages"].insert(2, {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 8,
                               "samples": 3, "greedy": 1, "max_tokens": 4})  # every completion truncates
+    spec["stages"][3].update(n=4, max_new_tokens=16)  # final-eval: only its state is checked
     result = posttrain("run", write(tmp_path, spec), "--summary-json", tmp_path / "run.json")
     assert result.returncode == 1
     run = summary(tmp_path / "run.json")

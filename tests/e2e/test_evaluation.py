@@ -11,7 +11,7 @@ import pytest
 
 from artifacts.store import Store
 from conftest import free_port
-from e2e.helpers import EPHEMERAL, by_id, posttrain, summary, tiny_spec, write
+from e2e.helpers import EPHEMERAL, by_id, concurrently, posttrain, summary, tiny_spec, write
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
 SIDE = {"id": "side", "kind": "synthesize", "env": "arith", "n": 64}  # beside warmup -> sft: both start at once
@@ -76,10 +76,12 @@ def test_eval_by_hand_is_cached_for_the_same_settings_and_listed_in_status(evalu
     store, _, run_summary, _ = evaluated_run
     checkpoint = by_id(run_summary)["sft"]["outputs"]["checkpoint"]
     inline = run_summary["evaluations"][-1]
-    again = posttrain("eval", checkpoint, "--store", f"file://{store}")
+    # the cached evaluation and a new one (other settings) are independent: both at once
+    again, other = concurrently(lambda: posttrain("eval", checkpoint, "--store", f"file://{store}"),
+                                lambda: posttrain("eval", checkpoint, "--n", "4", "--env", "calc", "--store",
+                                                  f"file://{store}"))
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"{checkpoint}: cached  results {inline['results']}" in again.stdout
-    other = posttrain("eval", checkpoint, "--n", "4", "--env", "calc", "--store", f"file://{store}")
     assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
     assert f"{checkpoint}: completed" in other.stdout and "calc" in other.stdout
     status = posttrain("status", "--store", f"file://{store}")
@@ -114,10 +116,12 @@ def test_bad_input_is_one_line_and_writes_nothing(evaluated_run, tmp_path):
         (["eval", "--endpoint", down.replace("/api", "/v1"), "--model", "m", "--spec", spec_path], {},
          f"error: {down.replace('/api', '/v1')}: cannot reach the endpoint"),
     ]
-    for args, env, message in cases:
-        if "--store" not in args:
-            args = [*args, "--store", f"file://{store}"]
-        result = posttrain(*args, env=env, timeout=120)
+    cases = [([*args, "--store", f"file://{store}"] if "--store" not in args else args, env, message)
+             for args, env, message in cases]
+    # independent commands, each one CLI start (a core's work): two at a time
+    results = concurrently(*(lambda args=args, env=env: posttrain(*args, env=env, timeout=120)
+                             for args, env, _ in cases), workers=2)
+    for (args, _, message), result in zip(cases, results):
         assert result.returncode == 2, (args, result.stdout[-1000:], result.stderr[-1000:])
         assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, \
             (args, result.stderr)

@@ -4,7 +4,7 @@
 import pandas as pd
 
 from artifacts.store import Store
-from tests.e2e.helpers import by_id, kill_once, posttrain, start, summary, tiny_spec, write
+from tests.e2e.helpers import by_id, concurrently, kill_once, posttrain, start, summary, tiny_spec, write
 
 DPO_STEPS = 40
 
@@ -68,23 +68,26 @@ def test_preference_killed_mid_stage_resumes_then_reruns_cached(tmp_path):
     assert metrics["prompts"] == 24 == metrics["pairs"] + metrics["dropped_tied"] + metrics["dropped_unscored"]
     assert set(stages["final-eval"]["metrics"]) == {"sft", "align", "rl"}
     assert stages["rl"]["state"] == "completed" and stages["rl"]["metrics"]["steps"] == 4
-    lineage = posttrain("lineage", checkpoint_ref, "--store", f"file://{store}")
-    assert pairs_ref in lineage.stdout and stages["onpolicy"]["outputs"]["rollouts"] in lineage.stdout
-    assert_lineage_is_a_dag(manifests, stages)
 
-    again = posttrain("run", spec, "--summary-json", tmp_path / "again.json")
+    # the cached rerun and the two lineage commands only read the store: all three at once
+    again, lineage, rl_lineage = concurrently(
+        lambda: posttrain("run", spec, "--summary-json", tmp_path / "again.json"),
+        lambda: posttrain("lineage", checkpoint_ref, "--store", f"file://{store}"),
+        lambda: posttrain("lineage", "tiny/rl@latest", "--store", f"file://{store}"))
+    assert pairs_ref in lineage.stdout and stages["onpolicy"]["outputs"]["rollouts"] in lineage.stdout
+    assert_lineage_is_a_dag(manifests, stages, rl_lineage)
+
     assert again.returncode == 0
     run = summary(tmp_path / "again.json")
     assert [s["state"] for s in run["stages"]] == ["cached"] * 6
     assert by_id(run)["align"]["outputs"] == align["outputs"]
 
 
-def assert_lineage_is_a_dag(manifests: Store, stages: dict) -> None:
-    """The quickstart's shape (warmup -> sft -> onpolicy -> align -> rl): `lineage rl@latest` prints
-    each artifact once (sft is reached through align and onpolicy), and no manifest lists an
-    artifact of its own stage run among its inputs (those are its `siblings`)."""
+def assert_lineage_is_a_dag(manifests: Store, stages: dict, lineage) -> None:
+    """The quickstart's shape (warmup -> sft -> onpolicy -> align -> rl): `lineage rl@latest` (its
+    finished command) prints each artifact once (sft is reached through align and onpolicy), and no
+    manifest lists an artifact of its own stage run among its inputs (those are its `siblings`)."""
     rl_ref = stages["rl"]["outputs"]["checkpoint"]
-    lineage = posttrain("lineage", "tiny/rl@latest", "--store", manifests.uri)
     assert lineage.returncode == 0 and lineage.stderr == f"tiny/rl@latest = {rl_ref}\n"
     printed = [line.split("── ")[-1].split()[0] for line in lineage.stdout.splitlines() if "  stage " in line]
     assert len(printed) == len(set(printed))

@@ -14,7 +14,8 @@ def rl_spec(store) -> dict:
     pipeline["stages"][2:2] = [
         {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": RL_STEPS, "prompts_per_step": 2,
          "group_size": 3, "max_tokens": 16, "checkpoint_every": 2, "anti_doom": {"penalty": 0.5}}]
-    pipeline["stages"][3]["checkpoints"] = ["sft", "rl"]
+    # evaluated, not measured: fewer, shorter answers (two checkpoints, each greedy and sampled)
+    pipeline["stages"][3].update(checkpoints=["sft", "rl"], n=8, max_new_tokens=16)
     return pipeline
 
 

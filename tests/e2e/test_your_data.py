@@ -13,7 +13,7 @@ from e2e.helpers import by_id, posttrain, summary
 from artifacts.store import Store
 from conftest import ROOT
 
-SHORT = {"sft": {"max_steps": 8}, "align": {"max_steps": 2},
+SHORT = {"sft": {"max_steps": 8, "batch_size": 8}, "align": {"max_steps": 2, "batch_size": 4},
          "rl": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
          "final-eval": {"n": 4, "max_new_tokens": 16}}
 
