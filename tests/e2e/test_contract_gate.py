@@ -1,6 +1,7 @@
 """A stage whose dataset breaks its contract is quarantined, not retried, and stops the pipeline."""
 
 import json
+import re
 
 from artifacts.store import Store
 from tests.e2e.helpers import by_id, posttrain, summary, tiny_spec, write
@@ -56,8 +57,10 @@ def test_generation_with_too_few_tokens_is_stopped_by_the_rollouts_contract(tmp_
     stages = by_id(run)
     assert stages["sft"]["state"] == "completed" and stages["onpolicy"]["state"] == "failed"
     assert stages["final-eval"]["state"] == "completed"  # not downstream of the failed stage
-    assert "data contract 'rollouts' failed on 32 rows: expect_column_values_to_be_in_set(finish_reason): 32 rows, " \
-           "e.g. arith-train-0-0" in stages["onpolicy"]["error"]
+    # (a sampled completion may end within its 4 tokens: nearly every row truncates, far over the 20% allowed)
+    truncated = re.search(r"data contract 'rollouts' failed on 32 rows: expect_column_values_to_be_in_set"
+                          r"\(finish_reason\): (\d+) rows, e\.g\. arith-train-\d+-\d", stages["onpolicy"]["error"])
+    assert truncated and int(truncated.group(1)) >= 28, stages["onpolicy"]["error"]
     assert (store / "quarantine" / run["run_id"] / "onpolicy" / "data.parquet").exists()
     assert not (store / "artifacts" / "tiny" / "onpolicy").exists()
     status = posttrain("status", run["run_id"], "--store", f"file://{store}")
