@@ -7,11 +7,6 @@
 2. deployments/prefect.yaml deployed with `prefect deploy` onto a process pool; a real
    `prefect worker` runs the pipeline's stages (spec `workers.deployment`), two independent ones
    at once (`max_parallel_stages: 2`), and the triggered evaluation.
-
-Both run against one server of this module's own (a server's start is ~15 s of CPU), each reading
-only its own store's flow runs and events. The second's `prefect deploy` takes over the deployment
-evaluate/evaluate-on-checkpoint that the first's `posttrain serve` left: both replace the
-deployment's own automations when they deploy it.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import POSTTRAIN, ROOT
-from e2e.helpers import by_id, concurrently, posttrain, summary, tiny_spec, write
+from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
                                 stop_when_idle, wait_until)
 
@@ -49,26 +44,12 @@ def start_logged(args: list, env: dict, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-@pytest.fixture(scope="module")
-def trigger_server(tmp_path_factory):
-    """The real Prefect server both tests use (not the session's shared one: they deploy and serve
-    evaluate-on-checkpoint, whose automations would evaluate every other test's checkpoints)."""
-    with prefect_server(tmp_path_factory.mktemp("triggers-prefect")) as server:
-        yield server
+def completed(api: str, flow_name: str) -> list[dict]:
+    return [run for run in flow_runs(api, flow_name) if run["state_type"] == "COMPLETED"]
 
 
-def of_stores(runs: list[dict], *stores: Path) -> list[dict]:
-    """The evaluation flow runs of these stores (the server holds the other test's too)."""
-    return [run for run in runs if run["parameters"].get("store") in {f"file://{store}" for store in stores}]
-
-
-def completed(api: str, flow_name: str, *stores: Path) -> list[dict]:
-    return of_stores([run for run in flow_runs(api, flow_name) if run["state_type"] == "COMPLETED"], *stores)
-
-
-def failed(api: str, flow_name: str, *stores: Path) -> list[dict]:
-    return of_stores([run for run in flow_runs(api, flow_name) if run["state_type"] in ("FAILED", "CRASHED")],
-                     *stores)
+def failed(api: str, flow_name: str) -> list[dict]:
+    return [run for run in flow_runs(api, flow_name) if run["state_type"] in ("FAILED", "CRASHED")]
 
 
 def forge_checkpoint_event(server: dict, checkpoint: str, store: Path, elsewhere: Path) -> Path:
@@ -99,119 +80,115 @@ def eval_results(store: Path, checkpoint: str) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_serve_evaluates_every_new_checkpoint_once(trigger_server, tmp_path):
-    store, forged = tmp_path / "store", tmp_path / "elsewhere"
-    spec = tiny_spec(f"file://{store}", sft={"max_steps": 5, "checkpoint_every": 2}, evaluation=EVALUATION)
-    spec["stages"] = spec["stages"][:2]  # warmup, sft: checkpoints sft.step-2, sft.step-4 and sft
+def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
+    store = tmp_path / "store"
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 10, "checkpoint_every": 4}, evaluation=EVALUATION)
+    spec["stages"] = spec["stages"][:2]  # warmup, sft: checkpoints sft.step-4, sft.step-8 and sft
     path = write(tmp_path, spec)
-    server = trigger_server
-    api = server["PREFECT_API_URL"]
-    serve = start_logged([POSTTRAIN, "serve"], {**server, "POSTTRAIN_ALLOWED_STORES": f"file://{store}"},
-                         tmp_path / "serve.log")
-    try:
-        # served here (no work pool), not a pool's deployment of that name left on the server
-        wait_until(lambda: (served := deployment(api, "evaluate", "evaluate-on-checkpoint"))
-                   and served["work_pool_name"] is None and automations(api), 180,
-                   lambda: f"not served: {(tmp_path / 'serve.log').read_text()[-3000:]}")
-        run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "checkpoint events go to" in run.stdout
-        sft = by_id(summary(tmp_path / "run.json"))["sft"]
-        checkpoints = {sft["outputs"]["checkpoint"], *sft["metrics"]["promoted_checkpoints"]}
-        assert len(checkpoints) == 3
-        wait_until(lambda: len(completed(api, "evaluate", store)) >= 3, 600,
-                   lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
-                           f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
-        forge_checkpoint_event(server, sft["outputs"]["checkpoint"], store, forged)
-        copied = sorted(forged.rglob("*"))
-        wait_until(lambda: failed(api, "evaluate", store, forged), 300,
-                   lambda: f"forged event: {(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
-    finally:
-        stop_when_idle(serve)
-    # an event naming a store the server does not allow (a copy of the real one) evaluates nothing
-    [refused] = failed(api, "evaluate", store, forged)
-    assert refused["parameters"]["store"] == f"file://{forged}"
-    assert f"store: file://{forged} is not in POSTTRAIN_ALLOWED_STORES" in refused["state"]["message"]
-    assert sorted(forged.rglob("*")) == copied  # nothing written there
-    created = [e for e in events(api, "posttrain.checkpoint.created")
-               if e["payload"]["store"] in (f"file://{store}", f"file://{forged}")]
-    assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
-        sorted(f"posttrain.checkpoint.{ref}" for ref in [*checkpoints, sft["outputs"]["checkpoint"]])
-    assert {(e["payload"]["store"], e["payload"]["pipeline"], e["payload"]["stage"]) for e in created} == \
-        {(f"file://{store}", "tiny", "sft"), (f"file://{forged}", "tiny", "sft")}
-    assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 0, 2, 4]
-    runs = [run for run in of_stores(flow_runs(api, "evaluate"), store, forged) if run["id"] != refused["id"]]
-    assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), \
-        (tmp_path / "serve.log").read_text()[-4000:]
-    assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
-    assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
-    for checkpoint in checkpoints:
-        assert len(eval_results(store, checkpoint)) == 1
-    board = latest_artifact(api, "tiny-leaderboard")
-    assert board is not None and board["type"] == "table"
-    rows = board["data"] if isinstance(board["data"], list) else __import__("json").loads(board["data"])
-    assert {row["checkpoint"] for row in rows} == checkpoints
-    assert all("arith accuracy" in row for row in rows)
+    with prefect_server(tmp_path / "prefect") as server:
+        api = server["PREFECT_API_URL"]
+        serve = start_logged([POSTTRAIN, "serve"], {**server, "POSTTRAIN_ALLOWED_STORES": f"file://{store}"},
+                             tmp_path / "serve.log")
+        try:
+            wait_until(lambda: deployment(api, "evaluate", "evaluate-on-checkpoint") and automations(api), 180,
+                       lambda: f"not served: {(tmp_path / 'serve.log').read_text()[-3000:]}")
+            run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            assert "checkpoint events go to" in run.stdout
+            sft = by_id(summary(tmp_path / "run.json"))["sft"]
+            checkpoints = {sft["outputs"]["checkpoint"], *sft["metrics"]["promoted_checkpoints"]}
+            assert len(checkpoints) == 3
+            wait_until(lambda: len(completed(api, "evaluate")) >= 3, 600,
+                       lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
+                               f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+            forged = forge_checkpoint_event(server, sft["outputs"]["checkpoint"], store, tmp_path / "elsewhere")
+            copied = sorted(forged.rglob("*"))
+            wait_until(lambda: failed(api, "evaluate"), 300,
+                       lambda: f"forged event: {(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+        finally:
+            stop_when_idle(serve)
+        # an event naming a store the server does not allow (a copy of the real one) evaluates nothing
+        [refused] = failed(api, "evaluate")
+        assert refused["parameters"]["store"] == f"file://{forged}"
+        assert f"store: file://{forged} is not in POSTTRAIN_ALLOWED_STORES" in refused["state"]["message"]
+        assert sorted(forged.rglob("*")) == copied  # nothing written there
+        created = events(api, "posttrain.checkpoint.created")
+        assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
+            sorted(f"posttrain.checkpoint.{ref}" for ref in [*checkpoints, sft["outputs"]["checkpoint"]])
+        assert {(e["payload"]["store"], e["payload"]["pipeline"], e["payload"]["stage"]) for e in created} == \
+            {(f"file://{store}", "tiny", "sft"), (f"file://{forged}", "tiny", "sft")}
+        assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 0, 4, 8]
+        runs = [run for run in flow_runs(api, "evaluate") if run["id"] != refused["id"]]
+        assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), \
+            (tmp_path / "serve.log").read_text()[-4000:]
+        assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
+        assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
+        for checkpoint in checkpoints:
+            assert len(eval_results(store, checkpoint)) == 1
+        board = latest_artifact(api, "tiny-leaderboard")
+        assert board is not None and board["type"] == "table"
+        rows = board["data"] if isinstance(board["data"], list) else __import__("json").loads(board["data"])
+        assert {row["checkpoint"] for row in rows} == checkpoints
+        assert all("arith accuracy" in row for row in rows)
 
 
 @pytest.mark.timeout(900)
-def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_worker(trigger_server, tmp_path):
+def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_worker(tmp_path):
     store = tmp_path / "store"
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 4, "checkpoint_every": 100, "gpus": 1}, evaluation=EVALUATION,
                      workers={"deployment": "post-train-stage/post-train-stage"}, max_parallel_stages=2)
     spec["stages"] = [*spec["stages"][:2], SIDE]  # side: a branch beside warmup -> sft, run at once with warmup
     spec["model"]["base"] = "${POSTTRAIN_TEST_BASE}"  # filled on the worker, not in the flow run's parameters
     path = write(tmp_path, spec)
-    api = trigger_server["PREFECT_API_URL"]
-    server = {**trigger_server, "POSTTRAIN_TEST_BASE": "tiny-llama", "POSTTRAIN_ALLOWED_STORES": f"file://{store}"}
-    env = {**os.environ, **server}
-    # the pool and the global concurrency limit are independent: made at once
-    concurrently(*(lambda command=command: subprocess.run([PREFECT, *command], env=env, check=True, capture_output=True,
-                                                          timeout=120)
-                   for command in (["work-pool", "create", "gpu-box", "--type", "process"],
-                                   ["gcl", "create", "gpu", "--limit", "1"])))
-    deployed = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
-                               "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
-    for flow_name, name in (("post-train", "post-train"), ("post-train-stage", "post-train-stage"),
-                            ("evaluate", "evaluate-on-checkpoint")):
-        assert deployment(api, flow_name, name)["work_pool_name"] == "gpu-box"
-    worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "2"], server,
-                          tmp_path / "worker.log")
-    try:
-        run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + \
-            (tmp_path / "worker.log").read_text()[-3000:]
-        checkpoint = by_id(summary(tmp_path / "run.json"))["sft"]["outputs"]["checkpoint"]
-        wait_until(lambda: completed(api, "evaluate", store), 600,
-                   lambda: f"no evaluation: {(tmp_path / 'worker.log').read_text()[-4000:]}", interval=3)
-        # what the first run left on the server, read before the rerun adds its own flow runs
-        stages = [r for r in flow_runs(api, "post-train-stage") if r["state_type"] == "COMPLETED"]
-        pipeline_runs = [r for r in flow_runs(api, "post-train") if f"file://{store}" in
-                         r["parameters"]["spec_text"]]
-        acquired = [e["resource"]["prefect.resource.name"] for e in events(api, "prefect.concurrency-limit.acquired")]
-        evaluations = of_stores(flow_runs(api, "evaluate"), store)
-        # a rerun through the same worker finds both stages in the store: nothing new, so no new evaluation
-        again = posttrain("run", path, "--summary-json", tmp_path / "again.json", env=server)
-    finally:
-        stop_when_idle(worker)
-    assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "side", "warmup"]
-    # max_parallel_stages: 2 ran the two independent branches at once, as the flow saw them and on the worker
-    first = summary(tmp_path / "run.json")
-    assert overlap(*(by_id(first)[stage_id] for stage_id in ("warmup", "side")), "started", "finished")
-    assert overlap(*(run for run in stages if run["name"].endswith(("-warmup", "-side"))), "start_time", "end_time")
-    assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate", store))
-    assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
-    assert not any("tiny-llama" in json.dumps(r["parameters"]) for r in stages)  # nor derived from it
-    [pipeline_run] = pipeline_runs
-    assert "base: ${POSTTRAIN_TEST_BASE}" in pipeline_run["parameters"]["spec_text"]
-    # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
-    assert acquired == ["gpu"]
-    [evaluation] = evaluations
-    assert evaluation["parameters"]["checkpoint_ref"] == checkpoint
-    assert len(eval_results(store, checkpoint)) == 1
-    assert again.returncode == 0, again.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
-    assert {s["id"]: s["state"] for s in summary(tmp_path / "again.json")["stages"]} == \
-        {"warmup": "cached", "side": "cached", "sft": "cached"}
-    assert len(flow_runs(api, "post-train-stage")) == 6 and len(of_stores(flow_runs(api, "evaluate"), store)) == 1
+    with prefect_server(tmp_path / "prefect") as prefect_env:
+        api = prefect_env["PREFECT_API_URL"]
+        server = {**prefect_env, "POSTTRAIN_TEST_BASE": "tiny-llama", "POSTTRAIN_ALLOWED_STORES": f"file://{store}"}
+        env = {**os.environ, **server}
+        for command in (["work-pool", "create", "gpu-box", "--type", "process"], ["gcl", "create", "gpu", "--limit", "1"]):
+            subprocess.run([PREFECT, *command], env=env, check=True, capture_output=True, timeout=120)
+        deployed = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
+                                   "deployments/prefect.yaml"], env=env, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=300)
+        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        for flow_name, name in (("post-train", "post-train"), ("post-train-stage", "post-train-stage"),
+                                ("evaluate", "evaluate-on-checkpoint")):
+            assert deployment(api, flow_name, name)["work_pool_name"] == "gpu-box"
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "2"], server,
+                              tmp_path / "worker.log")
+        try:
+            run = posttrain("run", path, "--summary-json", tmp_path / "run.json", env=server)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + \
+                (tmp_path / "worker.log").read_text()[-3000:]
+            checkpoint = by_id(summary(tmp_path / "run.json"))["sft"]["outputs"]["checkpoint"]
+            wait_until(lambda: completed(api, "evaluate"), 600,
+                       lambda: f"no evaluation: {(tmp_path / 'worker.log').read_text()[-4000:]}", interval=3)
+        finally:
+            stop_when_idle(worker)
+        stages = completed(api, "post-train-stage")
+        assert sorted(r["name"].rsplit("-", 1)[-1] for r in stages) == ["sft", "side", "warmup"]
+        # max_parallel_stages: 2 ran the two independent branches at once, as the flow saw them and on the worker
+        first = summary(tmp_path / "run.json")
+        assert overlap(*(by_id(first)[stage_id] for stage_id in ("warmup", "side")), "started", "finished")
+        assert overlap(*(run for run in stages if run["name"].endswith(("-warmup", "-side"))), "start_time", "end_time")
+        assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
+        assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
+        assert not any("tiny-llama" in json.dumps(r["parameters"]) for r in stages)  # nor derived from it
+        [pipeline_run] = flow_runs(api, "post-train")
+        assert "base: ${POSTTRAIN_TEST_BASE}" in pipeline_run["parameters"]["spec_text"]
+        # the sft stage (gpus: 1) held a slot of the global concurrency limit `gpu`
+        assert [e["resource"]["prefect.resource.name"] for e in events(api, "prefect.concurrency-limit.acquired")] \
+            == ["gpu"]
+        [evaluation] = flow_runs(api, "evaluate")
+        assert evaluation["parameters"]["checkpoint_ref"] == checkpoint
+        assert len(eval_results(store, checkpoint)) == 1
+        # a rerun through the worker finds both stages in the store: nothing new, so no new evaluation
+        worker = start_logged([PREFECT, "worker", "start", "--pool", "gpu-box", "--limit", "2"], server,
+                              tmp_path / "worker2.log")
+        try:
+            again = posttrain("run", path, "--summary-json", tmp_path / "again.json", env=server)
+        finally:
+            stop_when_idle(worker)
+        assert again.returncode == 0, again.stdout[-3000:] + (tmp_path / "worker2.log").read_text()[-3000:]
+        assert {s["id"]: s["state"] for s in summary(tmp_path / "again.json")["stages"]} == \
+            {"warmup": "cached", "side": "cached", "sft": "cached"}
+        assert len(flow_runs(api, "post-train-stage")) == 6 and len(flow_runs(api, "evaluate")) == 1
