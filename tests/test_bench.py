@@ -41,10 +41,7 @@ def test_overhead_writes_a_well_formed_result(tmp_path, shared_prefect_api):
     from bench import overhead
     from tests.e2e.helpers import tiny_spec, write
 
-    # a well-formed result, not a measurement: the tiny pipeline, shorter (4 sft steps, a small evaluation)
-    pipeline = tiny_spec("file://unused", sft={"max_steps": 4})
-    pipeline["stages"][2].update(n=4, max_new_tokens=16)
-    spec = write(tmp_path, pipeline)
+    spec = write(tmp_path, tiny_spec("file://unused"))
     result = overhead.main(["--spec", str(spec), "--out", str(tmp_path / "o.json")])
     assert json.loads((tmp_path / "o.json").read_text()) == result
     assert tuple(result) == RESULT_KEYS and result["unit"] == "%" and result["higher_is_better"] is False

@@ -12,9 +12,7 @@ from tests.e2e.helpers import tiny_spec
 def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path, shared_prefect_api):
     from bench import rl_seeds
 
-    # the plumbing, not the gain: a 4-step sft, and a small evaluation (its n must reach the result)
-    spec = tiny_spec(f"file://{tmp_path / 'store'}", sft={"max_steps": 4})
-    spec["stages"][2].update(n=8, max_new_tokens=16)
+    spec = tiny_spec(f"file://{tmp_path / 'store'}")
     spec["stages"].insert(2, {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
                               "prompts_per_step": 2, "group_size": 2, "max_tokens": 8})
     path = tmp_path / "spec.yaml"
@@ -26,4 +24,4 @@ def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path, shared_prefect_api):
     assert list(config["seeds"]) == ["rl", "rl-seed1"] and len(config["gain_points"]) == 2
     assert result["unit"] == "points" and result["peer"] is None and result["ratio"] is None
     gains = [100 * (m["accuracy"] - config["input"]["accuracy"]) for m in config["seeds"].values()]
-    assert result["ours"] == pytest.approx(sum(gains) / 2, abs=0.01) and config["eval_n"] == 8
+    assert result["ours"] == pytest.approx(sum(gains) / 2, abs=0.01) and config["eval_n"] == 16
