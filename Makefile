@@ -62,7 +62,7 @@ test: setup browser-tools
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=25
 
 bench: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m bench
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(NAME)
 
 # every stage kind on CUDA (a GPU machine; refuses elsewhere): bench/results/gpu_check.json
 # (on a GPU box, install torch's CUDA build in .venv first: README "Running on a GPU cluster")

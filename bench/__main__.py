@@ -1,8 +1,10 @@
-"""`python -m bench`: run every benchmark with its default arguments, then print one table."""
+"""`python -m bench [NAME ...]`: run every benchmark (or the named ones) with its default
+arguments, then print one table. `make bench` runs them all, `make bench NAME=grpo_vs_trl` one."""
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 # Each module has `main(argv) -> result dict` and writes bench/results/<name>.json.
 BENCHES = ("sft_vs_trl", "dpo_vs_trl", "grpo_vs_trl", "overhead", "rl_seeds", "contracts", "generate",
@@ -27,9 +29,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> list[dict]:
+def main(names: list[str] | None = None) -> list[dict]:
+    names = names or list(BENCHES)
+    unknown = [name for name in names if name not in BENCHES]
+    if unknown:
+        print(f"bench: no benchmark {unknown[0]!r}; one of: {', '.join(BENCHES)}", file=sys.stderr)
+        raise SystemExit(2)
     rows = []
-    for name in BENCHES:
+    for name in names:
         result = importlib.import_module(f"bench.{name}").main([])
         rows.append({"name": name, **result})
     print()
@@ -38,4 +45,4 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench import repeats
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RESULT_KEYS = ("metric", "unit", "higher_is_better", "ours", "peer", "peer_name", "ratio", "config", "machine")
 
@@ -159,7 +161,8 @@ def trl_cpu_args(output_dir: str, *, steps: int, batch_size: int, learning_rate:
 
 
 def train_bench_args(argv: list[str] | None, *, prog: str, description: str, steps: int, batch_size: int,
-                     default_out: Path):
+                     default_out: Path, more=None):
+    """The arguments every training comparison takes; `more(parser)` adds a bench's own."""
     import argparse
 
     import torch
@@ -170,10 +173,32 @@ def train_bench_args(argv: list[str] | None, *, prog: str, description: str, ste
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--out", default=str(default_out))
+    repeats.add_arguments(parser)
+    if more is not None:
+        more(parser)
     args = parser.parse_args(argv)
     if args.steps <= TRAIN_WARMUP_STEPS:
         parser.error(f"--steps must be more than the {TRAIN_WARMUP_STEPS} untimed warm-up steps")
+    repeats.check_runs(parser, args.runs)
     return args
+
+
+def measured_sides(runs: dict[str, list[SideResult]]) -> tuple[float, float, dict]:
+    """(ours, peer, config entries) of a training comparison run `repeats.interleaved`: each side's
+    median tokens/s, the details of its median run with the spread of all its runs, and the ratio
+    of each interleaved pair."""
+    speeds = {side: [r.tokens_per_second for r in results] for side, results in runs.items()}
+    config = {side: {**side_config(results[repeats.median_index(speeds[side])]),
+                     "tokens_per_second_runs": repeats.spread(speeds[side], 1)} for side, results in runs.items()}
+    config["ratio_runs"] = repeats.paired_ratios(speeds["ours"], speeds["peer"])
+    return config["ours"]["tokens_per_second_runs"]["median"], config["peer"]["tokens_per_second_runs"]["median"], \
+        config
+
+
+def resolved_config(args) -> dict:
+    """Every setting of a TRL config after its own defaults and post-init resolution, as JSON."""
+    settings = {**args.to_dict(), "output_dir": "<temporary directory>"}
+    return json.loads(json.dumps(settings, default=str))
 
 
 def report(name: str, result: dict, out) -> dict:

@@ -2,9 +2,10 @@
 
 Times `data_contracts.validate.validate` on a synthetic rollouts dataset shaped like the
 generate stage's (group ids, token masks, rewards), after one untimed call on a small frame
-so GX's import and first-use costs are not counted. No peer.
+so GX's import and first-use costs are not counted. No peer: `--runs` runs in a row on a quiet
+machine, the median reported.
 
-    python -m bench.contracts [--rows 100000] [--out bench/results/contracts.json]
+    python -m bench.contracts [--rows 100000] [--runs 3] [--no-wait] [--out bench/results/contracts.json]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import sys
 import time
 
+from bench import repeats
 from bench.common import RESULTS_DIR, go_offline, make_result, write_result
 
 GROUP_SIZE = 8
@@ -40,7 +42,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.contracts", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--out", default=str(RESULTS_DIR / "contracts.json"))
+    repeats.add_arguments(parser)
     args = parser.parse_args(argv)
+    repeats.check_runs(parser, args.runs)
+    quiet = repeats.wait_for_quiet(args.no_wait)
 
     from data_contracts.config import ContractParams
     from data_contracts.validate import validate
@@ -49,14 +54,21 @@ def main(argv: list[str] | None = None) -> dict:
                             max_truncated_fraction=0.1)
     frame = rollouts(args.rows)
     validate(frame.head(GROUP_SIZE * 4), params)  # untimed: GX import and first use
-    began = time.perf_counter()
-    result = validate(frame, params)
-    seconds = time.perf_counter() - began
-    assert result.success, result.message()
-    output = make_result(metric="contract validation throughput", unit="rows/s", ours=round(args.rows / seconds, 1),
+    timings = []
+    for _ in range(args.runs):
+        began = time.perf_counter()
+        result = validate(frame, params)
+        timings.append(time.perf_counter() - began)
+        assert result.success, result.message()
+    speeds = repeats.spread([args.rows / seconds for seconds in timings], 1)
+    seconds = args.rows / speeds["median"]
+    output = make_result(metric="contract validation throughput", unit="rows/s", ours=speeds["median"],
                          peer=None, peer_name=None,
                          config={"rows": args.rows, "seconds": round(seconds, 3), "suite": "rollouts",
-                                 "expectations": result.evaluated, "aim": "100,000 rows in under 2 s"})
+                                 "expectations": result.evaluated, "aim": "100,000 rows in under 2 s",
+                                 "rows_per_second_runs": speeds,
+                                 "repeats": {**repeats.protocol(args.runs, quiet), "order": "one side: runs in a row",
+                                             "headline": "the median run's rows/s"}})
     path = write_result(output, args.out)
     print(f"contracts: {args.rows:,} rollout rows in {seconds:.2f}s ({output['ours']:,.0f} rows/s) -> {path}")
     return output

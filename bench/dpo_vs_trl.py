@@ -1,27 +1,30 @@
 """DPO training throughput: this project's preference loop (tasks/stages/preference.py) against TRL's `DPOTrainer`.
 
-Both sides train the `tiny-llama` preset in float32 on the same arith preference pairs (chosen:
-the oracle's answer; rejected: a wrong answer followed by repeated self-checks, the shape of a
-looping completion), in the same batches and order, with the same batch size, steps, learning
-rate, warm-up, cosine schedule, gradient clipping, beta, sigmoid DPO loss and torch thread
-count. Both precompute the reference log-probs before training (TRL: `precompute_ref_log_probs`),
+Both sides train the `tiny-llama` preset in float32 on the same arith preference pairs, in two
+shapes (`make_pairs`): "equal", the headline, where the rejected completion is the chosen one
+with a wrong answer of as many tokens; "looping", where it is a wrong answer followed by
+repeated self-checks (~40% longer, which favours per-side padding). Same batches and order,
+with the same batch size, steps, learning rate, warm-up, cosine schedule, gradient clipping,
+beta, sigmoid DPO loss and torch thread count. Both precompute the reference log-probs before training (TRL: `precompute_ref_log_probs`),
 so neither keeps a reference model; that pass is not timed. The metric is non-pad tokens
 (prompt + completion, chosen and rejected) per second of training-step time, after
-`TRAIN_WARMUP_STEPS` untimed steps on each side.
+`TRAIN_WARMUP_STEPS` untimed steps on each side. The sides run in turn, `--runs` times each, on
+a quiet machine (bench/repeats.py): the headline is each side's median.
 
-    python -m bench.dpo_vs_trl [--steps 100] [--batch-size 16] [--out bench/results/dpo_vs_trl.json]
+    python -m bench.dpo_vs_trl [--steps 100] [--batch-size 16] [--pairs equal,looping] [--runs 3] [--no-wait]
+                               [--out bench/results/dpo_vs_trl.json]
 """
 
 from __future__ import annotations
 
-import gc
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from bench import repeats
 from bench.common import (RESULTS_DIR, TRAIN_METRIC, TRAIN_UNIT, TRAIN_WARMUP_STEPS, SideResult, Stopwatch,
-                          go_offline, make_result, package_versions, parameter_count, report, side_config,
-                          train_bench_args, trl_cpu_args)
+                          go_offline, make_result, measured_sides, package_versions, parameter_count, report,
+                          resolved_config, train_bench_args, trl_cpu_args)
 
 go_offline()  # before anything below imports transformers, datasets or trl
 
@@ -63,20 +66,46 @@ class Pairs:
     rejected: list[Example]
 
 
-def make_pairs(tokenizer, n: int, seed: int, max_len: int) -> Pairs:
+PAIR_SHAPES = ("equal", "looping")
+
+
+def make_pairs(tokenizer, n: int, seed: int, max_len: int, shape: str = "equal") -> Pairs:
+    """Chosen: the oracle's answer. Rejected, by `shape`: "equal", the same completion with a wrong
+    answer of as many tokens (equal lengths: no side pads more than the other); "looping", a wrong
+    answer followed by repeated self-checks (~40% longer, the shape of a looping completion)."""
     env = ArithEnv(ArithEnvConfig(kind="arith"))
     texts, chosen, rejected = [], [], []
     for i, task in enumerate(env.tasks("train", n, seed)):
-        wrong = int(task.answer) + 1 + i % 7
-        looping = (f"Fantastic question! Let me unpack this for you. We have {task.info['a']} {task.info['op']} "
-                   f"{task.info['b']} = {wrong}." + " The answer is correct." * (2 + i % 6))
         prompt_ids = chat_prompt(tokenizer, task.prompt)
-        texts.append({"prompt": tokenizer.decode(prompt_ids), "chosen": env.reference_completion(task),
-                      "rejected": looping})
-        for side, text in ((chosen, texts[-1]["chosen"]), (rejected, looping)):
-            completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            side.append(encode_ids(prompt_ids, completion, max_len))
+        right = env.reference_completion(task)
+        wrong = equal_length_wrong(tokenizer, env, task, right, i) if shape == "equal" else looping_wrong(task, i)
+        texts.append({"prompt": tokenizer.decode(prompt_ids), "chosen": right, "rejected": wrong})
+        for side, text in ((chosen, right), (rejected, wrong)):
+            side.append(encode_ids(prompt_ids, completion_ids(tokenizer, text), max_len))
     return Pairs(texts, chosen, rejected)
+
+
+def completion_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def looping_wrong(task, i: int) -> str:
+    wrong = int(task.answer) + 1 + i % 7
+    return (f"Fantastic question! Let me unpack this for you. We have {task.info['a']} {task.info['op']} "
+            f"{task.info['b']} = {wrong}." + " The answer is correct." * (2 + i % 6))
+
+
+def equal_length_wrong(tokenizer, env, task, right: str, i: int) -> str:
+    """The oracle's completion for the answer with its last digit changed, as many tokens as `right`."""
+    length = len(completion_ids(tokenizer, right))
+    for shift in range(1, 10):
+        answer = task.answer[:-1] + str((int(task.answer[-1]) + shift + i) % 10)
+        if answer == task.answer:
+            continue
+        wrong = env.reference_completion(replace(task, answer=answer))
+        if len(completion_ids(tokenizer, wrong)) == length:
+            return wrong
+    raise ValueError(f"no wrong answer of {length} tokens for {task.id}")
 
 
 def step_tokens(pairs: Pairs, plan: list[list[int]]) -> list[int]:
@@ -126,7 +155,8 @@ def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
     model.train()
     stopwatch, losses = Stopwatch(TRAIN_WARMUP_STEPS), []
     for step, indices in enumerate(plan):
-        metrics, _ = train_step(Learner(model, accelerator, optimizer, scheduler), [pairs.chosen[i] for i in indices], [pairs.rejected[i] for i in indices],
+        metrics, _ = train_step(Learner(model, accelerator, optimizer, scheduler), [pairs.chosen[i] for i in indices],
+                                [pairs.rejected[i] for i in indices],
                                 ref_chosen[indices], ref_rejected[indices], stage, pad)
         losses.append(metrics["loss"])
         stopwatch.step_done(step + 1, cumulative[step])
@@ -189,6 +219,7 @@ def peer(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
                                    tokenizer.pad_token_id),
         torch_threads=torch.get_num_threads(),
         details={"trl_args": peer_args(settings, "<temporary directory>"),
+                 "resolved_config": resolved_config(args),
                  "resolved": {"optim": str(args.optim.value), "lr_scheduler_type": str(args.lr_scheduler_type.value),
                               "bf16": args.bf16, "gradient_checkpointing": args.gradient_checkpointing},
                  "dataset_format": "prompt (pre-rendered with the chat template) / chosen / rejected text",
@@ -200,7 +231,33 @@ def peer(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
 
 # ---- the comparison ------------------------------------------------------------------------
 
-def run(settings: Settings) -> dict:
+def measure(model_dir, tokenizer, settings: Settings, shape: str, runs: int) -> tuple[float, float, dict]:
+    """Both sides on pairs of one shape, interleaved: (ours, peer, config entries)."""
+    pairs = make_pairs(tokenizer, settings.steps * settings.batch_size, settings.seed, settings.max_seq_len, shape)
+    plan = [batch_indices(len(pairs.chosen), settings.batch_size, settings.seed, step)
+            for step in range(settings.steps)]
+    cumulative = step_tokens(pairs, plan)
+    references = []  # ours computes them; the peer's are checked against them
+
+    def ours_run() -> SideResult:
+        result, refs = ours(model_dir, tokenizer, pairs, plan, cumulative, settings)
+        references[:] = [refs]
+        return result
+
+    sides = repeats.interleaved(
+        {"ours": ours_run,
+         "peer": lambda: peer(model_dir, tokenizer, pairs, plan, cumulative, settings, references[0])},
+        runs, repeats.say(f"dpo_vs_trl {shape} pairs"))
+    ours_speed, peer_speed, measured = measured_sides(sides)
+    data = {"env": "arith", "pairs": len(pairs.chosen), "shape": shape,
+            "mean_chosen_tokens": round(sum(map(_completion_len, pairs.chosen)) / len(pairs.chosen), 1),
+            "mean_rejected_tokens": round(sum(map(_completion_len, pairs.rejected)) / len(pairs.rejected), 1),
+            "order": "tasks.common.training.batch_indices, identical batches on both sides"}
+    return ours_speed, peer_speed, {"data": data, **measured}
+
+
+def run(settings: Settings, shapes: tuple[str, ...] = PAIR_SHAPES, runs: int = 1, quiet: dict | None = None) -> dict:
+    """The first shape is the headline; the others go in `config.cases`."""
     import torch
 
     from models.loading import load_tokenizer
@@ -208,33 +265,23 @@ def run(settings: Settings) -> dict:
     torch.set_num_threads(settings.threads)
     model_dir = materialize(MODEL_PRESET)
     tokenizer = load_tokenizer(model_dir)
-    pairs = make_pairs(tokenizer, settings.steps * settings.batch_size, settings.seed, settings.max_seq_len)
-    plan = [batch_indices(len(pairs.chosen), settings.batch_size, settings.seed, step)
-            for step in range(settings.steps)]
-    cumulative = step_tokens(pairs, plan)
-
-    ours_result, references = ours(model_dir, tokenizer, pairs, plan, cumulative, settings)
-    gc.collect()
-    peer_result = peer(model_dir, tokenizer, pairs, plan, cumulative, settings, references)
-
+    cases = {shape: measure(model_dir, tokenizer, settings, shape, runs) for shape in shapes}
+    ours_speed, peer_speed, headline = cases[shapes[0]]
     config = {
         "model": MODEL_PRESET,
         "dtype": "float32",
-        "data": {"env": "arith", "pairs": len(pairs.chosen),
-                 "mean_chosen_tokens": round(sum(map(_completion_len, pairs.chosen)) / len(pairs.chosen), 1),
-                 "mean_rejected_tokens": round(sum(map(_completion_len, pairs.rejected)) / len(pairs.rejected), 1),
-                 "order": "tasks.common.training.batch_indices, identical batches on both sides"},
         "settings": asdict(settings),
         "loss": "sigmoid DPO",
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,
         "tokens_counted": "non-pad prompt + completion tokens of chosen and rejected",
-        "ours": side_config(ours_result),
-        "peer": side_config(peer_result),
+        **headline,
+        "cases": {shape: {"ours_median": ours, "peer_median": peer, "ratio": round(ours / peer, 4), **entries}
+                  for shape, (ours, peer, entries) in cases.items() if shape != shapes[0]},
+        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
-    return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=round(ours_result.tokens_per_second, 1),
-                       peer=round(peer_result.tokens_per_second, 1),
+    return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=ours_speed, peer=peer_speed,
                        peer_name=f"trl {package_versions('trl')['trl']} DPOTrainer", config=config)
 
 
@@ -244,8 +291,19 @@ def _completion_len(example: Example) -> int:
 
 def main(argv: list[str] | None = None) -> dict:
     args = train_bench_args(argv, prog="python -m bench.dpo_vs_trl", description=__doc__.splitlines()[0],
-                            steps=100, batch_size=16, default_out=DEFAULT_OUT)
-    result = run(Settings(steps=args.steps, batch_size=args.batch_size, threads=args.threads))
+                            steps=100, batch_size=16, default_out=DEFAULT_OUT,
+                            more=lambda parser: parser.add_argument(
+                                "--pairs", default=",".join(PAIR_SHAPES),
+                                help="pair shapes, comma-separated (the first is the headline): "
+                                + ", ".join(PAIR_SHAPES)))
+    shapes = tuple(args.pairs.split(","))
+    if not shapes or any(shape not in PAIR_SHAPES for shape in shapes):
+        print(f"bench.dpo_vs_trl: --pairs {args.pairs!r}: comma-separated, each one of {', '.join(PAIR_SHAPES)}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    quiet = repeats.wait_for_quiet(args.no_wait)
+    result = run(Settings(steps=args.steps, batch_size=args.batch_size, threads=args.threads), shapes, args.runs,
+                 quiet)
     return report("dpo_vs_trl", result, args.out)
 
 

@@ -1,11 +1,12 @@
 """Generation throughput: this project's engine (models/sampling.py) against `model.generate`.
 
 Same model (the tiny-llama preset), same 256 arith chat prompts, same batches (64, left
-padded), same greedy decoding and token budget, fp32, same threads; both sides run back to
-back in one process after an untimed warm-up batch. The metric is completion tokens per
+padded), same greedy decoding and token budget, fp32, same threads; both sides in one process
+after an untimed warm-up batch each, then in turn, `--runs` times each, on a quiet machine
+(bench/repeats.py): the headline is each side's median. The metric is completion tokens per
 second (tokens each side emitted, the end token included). Greedy outputs must be identical.
 
-    python -m bench.generate [--prompts 256] [--batch-size 64] [--max-new-tokens 64]
+    python -m bench.generate [--prompts 256] [--batch-size 64] [--max-new-tokens 64] [--runs 3] [--no-wait]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import sys
 import time
 
+from bench import repeats
 from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
 
 
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default=str(RESULTS_DIR / "generate.json"))
+    repeats.add_arguments(parser)
     args = parser.parse_args(argv)
+    repeats.check_runs(parser, args.runs)
+    quiet = repeats.wait_for_quiet(args.no_wait)
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -64,19 +69,29 @@ def main(argv: list[str] | None = None) -> dict:
     warm = prompts[:args.batch_size]
     generate_tokens(model, tokenizer, warm, params, batch_size=args.batch_size)
     peer_generate(model, tokenizer, warm, args.max_new_tokens, args.batch_size)
-
-    ours, ours_seconds = timed(lambda: generate_tokens(model, tokenizer, prompts, params, batch_size=args.batch_size))
-    peer, peer_seconds = timed(lambda: peer_generate(model, tokenizer, prompts, args.max_new_tokens, args.batch_size))
-    ours_tokens, peer_tokens = sum(len(g.token_ids) for g in ours), sum(len(p) for p in peer)
-    identical = [g.token_ids for g in ours] == peer
+    sides = repeats.interleaved(
+        {"ours": lambda: timed(lambda: [g.token_ids for g in generate_tokens(model, tokenizer, prompts, params,
+                                                                           batch_size=args.batch_size)]),
+         "peer": lambda: timed(lambda: peer_generate(model, tokenizer, prompts, args.max_new_tokens, args.batch_size))},
+        args.runs, repeats.say("generate"))
+    outputs = {side: runs[0][0] for side, runs in sides.items()}
+    identical = outputs["ours"] == outputs["peer"] and all(
+        output == outputs[side] for side, runs in sides.items() for output, _ in runs)  # greedy: every run the same
+    tokens = sum(len(ids) for ids in outputs["ours"])
+    speeds = {side: [sum(len(ids) for ids in output) / seconds for output, seconds in runs]
+              for side, runs in sides.items()}
+    ours, peer = (repeats.spread(speeds[side], 1) for side in ("ours", "peer"))
     result = make_result(
-        metric="completion tokens/s (greedy)", unit="tokens/s", ours=round(ours_tokens / ours_seconds, 1),
-        peer=round(peer_tokens / peer_seconds, 1),
+        metric="completion tokens/s (greedy)", unit="tokens/s", ours=ours["median"], peer=peer["median"],
         peer_name=f"transformers {package_versions('transformers')['transformers']} model.generate",
         config={"model": "tiny-llama", "prompts": args.prompts, "batch_size": args.batch_size,
                 "max_new_tokens": args.max_new_tokens, "dtype": "float32", "torch_threads": torch.get_num_threads(),
-                "greedy_outputs_identical": identical, "ours_seconds": round(ours_seconds, 3),
-                "peer_seconds": round(peer_seconds, 3), "completion_tokens": ours_tokens})
+                "greedy_outputs_identical": identical, "completion_tokens": tokens,
+                "ours_runs": ours, "peer_runs": peer,
+                "ratio_runs": repeats.paired_ratios(speeds["ours"], speeds["peer"]),
+                "warm_up": "one untimed batch each side first",
+                "repeats": repeats.protocol(args.runs, quiet),
+                "versions": package_versions("torch", "transformers")})
     path = write_result(result, args.out)
     print(f"generate: ours {result['ours']:,.0f} vs model.generate {result['peer']:,.0f} tokens/s "
           f"(ratio {result['ratio']:.2f}, identical greedy outputs: {identical}) -> {path}")

@@ -10,33 +10,36 @@ generation batch: DAPO token-sum aggregation, clip 0.2 / 0.28, beta 0 (no refere
 group-std reward scaling, AdamW at a constant learning rate without warm-up, gradient clip 1.0.
 Token sampling streams differ (each side its own RNG), so reward curves agree only within noise.
 
-The metric is sampled completion tokens (end token included) per second over the steps after
-`TRAIN_WARMUP_STEPS` untimed ones, as the other training benches. Ours is the whole
-`tasks.stages.rl.run` call, its step times read from its metrics.jsonl (cumulative tokens divided by
-the cumulative `tokens_per_second` it logs); TRL's from a callback at each step's end. The
-JSON also has the end-to-end figures: the stage call (store fetch, model load, every step,
-checkpoint and report writing) against `GRPOTrainer(...)` construction plus `train()`.
+The headline is end to end: all sampled completion tokens (end token included) per second of
+the whole call: ours `tasks.stages.rl.run` (store fetch, model load, every step's generation and
+update, checkpoint and report writing), TRL's `GRPOTrainer(...)` construction plus `train()`.
+Per step, the JSON splits the time into rollout (sampling and scoring: ours `rollout_seconds`
+in the stage's metrics.jsonl, TRL's `_generate_and_score_completions`, timed) and update (the
+rest of the step). It also keeps the stepped figure, tokens per second over the steps after
+`TRAIN_WARMUP_STEPS` untimed ones. The sides run in turn, `--runs` times each, on a quiet machine
+(bench/repeats.py): the headline is each side's median.
 
 Both start from the same warm start: the preset after `--sft-steps` of this project's SFT on
 the env's oracle traces, so that rewards vary within groups and the curves mean something.
 
-    python -m bench.grpo_vs_trl [--steps 80] [--max-tokens 64] [--sft-steps 600] [--out bench/results/grpo_vs_trl.json]
+    python -m bench.grpo_vs_trl [--steps 80] [--max-tokens 64] [--sft-steps 600] [--runs 3] [--no-wait]
+                                [--out bench/results/grpo_vs_trl.json]
 """
 
 from __future__ import annotations
 
-import gc
 import json
-import os
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
 
+from bench import repeats
 from bench.common import (RESULTS_DIR, TRAIN_WARMUP_STEPS, Stopwatch, go_offline, make_result, package_versions,
-                          parameter_count, report)
+                          parameter_count, report, resolved_config)
 
 go_offline()  # before anything below imports transformers, datasets or trl
 
@@ -48,7 +51,7 @@ from tasks.stages.rl import TASK_POOL, RlStage, step_tasks  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
 DEFAULT_OUT = RESULTS_DIR / "grpo_vs_trl.json"
-METRIC, UNIT = "rl completion tokens/s", "tokens/s"
+METRIC, UNIT = "rl completion tokens/s, end to end", "tokens/s"
 ENV_CONFIG = ArithEnvConfig(kind="arith", digits=2)
 
 
@@ -86,18 +89,31 @@ class Side:
     timed_tokens: int  # after the warm-up steps
     timed_seconds: float
     seconds: float  # end to end
+    rollout_seconds: list[float]  # per step: sampling and scoring the step's completions
+    update_seconds: list[float]  # per step: the rest of the step (log-probs, loss, backward, optimizer)
     details: dict = field(default_factory=dict)
+
+    @property
+    def end_to_end(self) -> float:
+        """Completion tokens per second of the whole call (load, every step, saving)."""
+        return sum(self.step_tokens) / self.seconds
 
     def summary(self, completions_per_step: int) -> dict:
         steps, tokens, quarter = len(self.step_tokens), sum(self.step_tokens), max(1, len(self.rewards) // 4)
+        timed = slice(TRAIN_WARMUP_STEPS, None)
         return {"completion_tokens_per_second": round(self.timed_tokens / self.timed_seconds, 1),
+                "seconds_per_step": {"rollout": round(statistics.mean(self.rollout_seconds[timed]), 4),
+                                     "update": round(statistics.mean(self.update_seconds[timed]), 4),
+                                     "over": "the timed steps (after the untimed warm-up steps), mean"},
                 "steps_per_second": round((steps - TRAIN_WARMUP_STEPS) / self.timed_seconds, 4),
                 "timed_tokens": self.timed_tokens, "timed_seconds": round(self.timed_seconds, 3),
-                "end_to_end": {"completion_tokens_per_second": round(tokens / self.seconds, 1),
+                "end_to_end": {"completion_tokens_per_second": round(self.end_to_end, 1),
                                "steps_per_second": round(steps / self.seconds, 4), "seconds": round(self.seconds, 3)},
                 "steps": steps, "completion_tokens": tokens,
                 "mean_completion_tokens": round(tokens / (steps * completions_per_step), 2),
                 "step_tokens": self.step_tokens,
+                "rollout_seconds": [round(x, 4) for x in self.rollout_seconds],
+                "update_seconds": [round(x, 4) for x in self.update_seconds],
                 "reward_curve": [round(r, 4) for r in self.rewards],
                 "reward_first_quarter": round(sum(self.rewards[:quarter]) / quarter, 4),
                 "reward_last_quarter": round(sum(self.rewards[-quarter:]) / quarter, 4),
@@ -173,7 +189,8 @@ def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
     warm = TRAIN_WARMUP_STEPS - 1
     return Side(step_tokens=step_tokens, rewards=[h["reward"] for h in history],
                 timed_tokens=cumulative[-1] - cumulative[warm], timed_seconds=elapsed[-1] - elapsed[warm],
-                seconds=seconds,
+                seconds=seconds, rollout_seconds=[h["rollout_seconds"] for h in history],
+                update_seconds=[h["update_seconds"] for h in history],
                 details={"timed": "tasks.stages.rl.run(stage, ctx); step ends from its metrics.jsonl (cumulative tokens "
                                   "/ tokens_per_second); end to end: the whole call, the policy commit excluded",
                          "stage": stage.model_dump(mode="json"),
@@ -183,9 +200,15 @@ def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
 
 # ---- peer: TRL's GRPOTrainer -----------------------------------------------------------------
 
-def peer_args(settings: Settings, output_dir: str) -> dict:
+# TRL's decoding settings tried for the peer (its `generate` path; TRL turns torch.compile off
+# there, and a static cache without compile is the only other cache that needs no new package)
+PEER_DECODING = {"dynamic": {}, "static": {"cache_implementation": "static"}}
+
+
+def peer_args(settings: Settings, output_dir: str, decoding: str = "dynamic") -> dict:
     """GRPOConfig arguments matched to the stage, TRL's CPU-hostile defaults off (DESIGN §10)."""
     return dict(
+        **PEER_DECODING[decoding],
         output_dir=output_dir, max_steps=settings.steps, seed=settings.seed,
         per_device_train_batch_size=settings.completions_per_step,  # TRL counts completions, not prompts
         gradient_accumulation_steps=1, num_generations=settings.group_size,  # one generation batch per step
@@ -203,7 +226,7 @@ def peer_args(settings: Settings, output_dir: str) -> dict:
     )
 
 
-def peer(model_dir: Path, tokenizer, tasks: list, settings: Settings) -> Side:
+def peer(model_dir: Path, tokenizer, tasks: list, settings: Settings, decoding: str = "dynamic") -> Side:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -218,27 +241,43 @@ def peer(model_dir: Path, tokenizer, tasks: list, settings: Settings) -> Side:
         step_tokens.append(sum(len(ids) for ids in completion_ids))
         return scores
 
+    rollout_ends, rollout_seconds, update_seconds = [], [], []
+
     class StopwatchCallback(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             stopwatch.step_done(state.global_step, sum(step_tokens))
+            update_seconds.append(time.perf_counter() - rollout_ends[-1])
+
+    def timed_rollouts(generate_and_score):
+        """TRL's generation + reward scoring of a step's batch, timed (one call per step here)."""
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            batch = generate_and_score(*args, **kwargs)
+            rollout_ends.append(time.perf_counter())
+            rollout_seconds.append(rollout_ends[-1] - began)
+            return batch
+        return timed
 
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": task.prompt}], "task_index": i}
                                  for i, task in enumerate(tasks)])
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:
-        args = GRPOConfig(**peer_args(settings, output_dir))
+        args = GRPOConfig(**peer_args(settings, output_dir, decoding))
         began = time.perf_counter()
         trainer = GRPOTrainer(model=str(model_dir), reward_funcs=arith_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[StopwatchCallback()])
+        trainer._generate_and_score_completions = timed_rollouts(trainer._generate_and_score_completions)
         output = trainer.train()
         seconds = time.perf_counter() - began
     unique = list(dict.fromkeys(task.prompt for task in tasks))
     prompt_ids, _, _ = trainer._tokenize_prompts([[{"role": "user", "content": p}] for p in unique])
     logged = next(h for h in reversed(trainer.state.log_history) if "reward" in h)  # means over all steps
     return Side(step_tokens=step_tokens, rewards=rewards, timed_tokens=stopwatch.tokens,
-                timed_seconds=stopwatch.seconds, seconds=seconds,
+                timed_seconds=stopwatch.seconds, seconds=seconds, rollout_seconds=rollout_seconds,
+                update_seconds=update_seconds,
                 details={"timed": "a callback at each step's end; end to end: GRPOTrainer(...) construction "
-                                  "(model load) + train()",
-                         "trl_args": peer_args(settings, "<temporary directory>"),
+                                  "(model load) + train(); rollout: its _generate_and_score_completions, wrapped",
+                         "trl_args": peer_args(settings, "<temporary directory>", decoding),
+                         "resolved_config": resolved_config(args),
                          "resolved": {"optim": str(args.optim.value), "bf16": args.bf16,
                                       "generation_batch_size": args.generation_batch_size,
                                       "steps_per_generation": args.steps_per_generation},
@@ -260,7 +299,20 @@ def _close(ours: list[float], theirs: list[float]) -> bool:
 
 # ---- the comparison ------------------------------------------------------------------------
 
-def run(settings: Settings) -> dict:
+def best_peer_decoding(model_dir, tokenizer, tasks: list, settings: Settings, choice: str) -> tuple[str, dict]:
+    """The peer's decoding setting: `choice`, or with "auto" the fastest of PEER_DECODING on a short
+    run of each (end to end), all of them recorded."""
+    if choice != "auto":
+        return choice, {"chosen": choice, "how": "--peer-decoding"}
+    short = replace(settings, steps=min(settings.steps, TRAIN_WARMUP_STEPS + 5))
+    speeds = {name: round(peer(model_dir, tokenizer, tasks, short, name).end_to_end, 1) for name in PEER_DECODING}
+    best = max(speeds, key=speeds.get)
+    return best, {"chosen": best, "how": f"the fastest end to end on a {short.steps}-step run of each",
+                  "tried": {name: {"trl_args": PEER_DECODING[name], "completion_tokens_per_second": speed}
+                            for name, speed in speeds.items()}}
+
+
+def run(settings: Settings, runs: int = 1, quiet: dict | None = None, peer_decoding: str = "auto") -> dict:
     import torch
 
     from models.loading import load_tokenizer
@@ -270,14 +322,17 @@ def run(settings: Settings) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-rl-") as workdir:
         model_dir = warm_start(settings, Path(workdir) / "warm")
         tokenizer = load_tokenizer(model_dir)
-        load = {"before": os.getloadavg()}  # other work on the machine skews a back-to-back comparison
-        ours_side = ours(model_dir, settings, Path(workdir))
-        gc.collect()
-        load["between"] = os.getloadavg()
-        peer_side = peer(model_dir, tokenizer, tasks, settings)
-        load["after"] = os.getloadavg()
-    ours_summary = ours_side.summary(settings.completions_per_step)
-    peer_summary = peer_side.summary(settings.completions_per_step)
+        decoding, tried = best_peer_decoding(model_dir, tokenizer, tasks, settings, peer_decoding)
+        ours_dirs = (Path(workdir) / f"ours-{index}" for index in range(runs))  # each run its own store
+        sides = repeats.interleaved({"ours": lambda: ours(model_dir, settings, next(ours_dirs)),
+                                     "peer": lambda: peer(model_dir, tokenizer, tasks, settings, decoding)},
+                                    runs, repeats.say("grpo_vs_trl"))
+    speeds = {side: [run.end_to_end for run in results] for side, results in sides.items()}
+    summaries = {side: {**results[repeats.median_index(speeds[side])].summary(settings.completions_per_step),
+                        "end_to_end_runs": repeats.spread(speeds[side], 1),
+                        "stepped_runs": repeats.spread([r.timed_tokens / r.timed_seconds for r in results], 1)}
+                 for side, results in sides.items()}
+    ours_speed, peer_speed = (summaries[side]["end_to_end_runs"]["median"] for side in ("ours", "peer"))
 
     config = {
         "model": MODEL_PRESET, "dtype": "float32",
@@ -292,18 +347,22 @@ def run(settings: Settings) -> dict:
         "completions_per_step": settings.completions_per_step,
         "reward": "arith rubric total (correct 1.0 + format 0.2), no anti-doom penalty",
         "tokens_counted": "sampled completion tokens, the end token included, no padding",
+        "headline": "end to end: all completion tokens / the whole call's seconds (load, generation and update of "
+                    "every step, saving)",
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,
-        "end_to_end_ratio": round(ours_summary["end_to_end"]["completion_tokens_per_second"]
-                                  / peer_summary["end_to_end"]["completion_tokens_per_second"], 4),
-        "run": "back to back in one process, ours first",
-        "load_average_1_5_15min": {when: [round(x, 2) for x in values] for when, values in load.items()},
-        "ours": ours_summary,
-        "peer": peer_summary,
+        "stepped_ratio": round(summaries["ours"]["stepped_runs"]["median"]
+                               / summaries["peer"]["stepped_runs"]["median"], 4),
+        "wall_seconds_ratio": round(summaries["peer"]["end_to_end"]["seconds"]
+                                    / summaries["ours"]["end_to_end"]["seconds"], 4),
+        "ratio_runs": repeats.paired_ratios(speeds["ours"], speeds["peer"]),
+        "peer_decoding": tried,
+        "ours": summaries["ours"],
+        "peer": summaries["peer"],
+        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
-    return make_result(metric=METRIC, unit=UNIT, ours=ours_summary["completion_tokens_per_second"],
-                       peer=peer_summary["completion_tokens_per_second"],
+    return make_result(metric=METRIC, unit=UNIT, ours=ours_speed, peer=peer_speed,
                        peer_name=f"trl {package_versions('trl')['trl']} GRPOTrainer", config=config)
 
 
@@ -320,11 +379,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-steps", type=int, default=Settings.sft_steps,
                         help="SFT steps of the shared warm start (0: the untrained preset)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--peer-decoding", choices=["auto", *PEER_DECODING], default="auto",
+                        help="TRL's generation cache; auto: the fastest on a short run of each (recorded)")
+    repeats.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps <= TRAIN_WARMUP_STEPS:
         parser.error(f"--steps must be more than the {TRAIN_WARMUP_STEPS} untimed warm-up steps")
+    repeats.check_runs(parser, args.runs)
+    quiet = repeats.wait_for_quiet(args.no_wait)
     result = run(Settings(steps=args.steps, max_tokens=args.max_tokens, threads=args.threads,
-                          sft_steps=args.sft_steps))
+                          sft_steps=args.sft_steps), args.runs, quiet, args.peer_decoding)
     return report("grpo_vs_trl", result, args.out)
 
 

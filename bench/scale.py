@@ -35,6 +35,7 @@ import math
 import sys
 import time
 
+from bench import repeats
 from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
 
 DEFAULT_OUT = RESULTS_DIR / "scale.json"
@@ -280,6 +281,8 @@ def parse(argv: list[str] | None):
                              "peak_rss_gb is then this process's peak so far, not the row's own")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "ROW"), help="run one row in this process, print JSON")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--no-wait", action="store_true",
+                        help="start at once however busy the machine is (tests; the load is still recorded)")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     for name in args.models + ([args.one[0]] if args.one else []):
@@ -306,6 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import multiprocessing
 
+    quiet = repeats.wait_for_quiet(args.no_wait)  # peak memory holds on a busy machine; the seconds do not
     context = multiprocessing.get_context("forkserver")  # a clean single-threaded parent for every row
     context.set_forkserver_preload(PRELOAD)
     models, facts = {}, {}
@@ -357,6 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
                 else "VmHWM of the row's own process (tasks.runtime.peaks.peak_rss_gb), forked from a fork server "
                      "that imported the stages' modules; start_rss_gb is its RSS at the fork",
                 "isolation": "in-process" if args.in_process else "one forked process per row (forkserver)",
+                "quiet": quiet,
                 "versions": package_versions("torch", "transformers", "peft", "accelerate")})
     result["models"] = models
     result["aim"] = {"rl_peak_rss_gb_below": AIM_RL_PEAK_RSS_GB, "met": rl_peak < AIM_RL_PEAK_RSS_GB,

@@ -5,21 +5,24 @@ in the same batches and order, with the same batch size, steps, max sequence len
 rate, warm-up, weight decay, gradient clipping and torch thread count, completion-only loss.
 The metric is non-pad (prompt + completion) tokens per second of training-step time, after
 `TRAIN_WARMUP_STEPS` untimed steps on each side. Setup (loading, tokenizing) is not timed.
+The sides run in turn, `--runs` times each, on a quiet machine (bench/repeats.py): the headline
+is each side's median.
 
-    python -m bench.sft_vs_trl [--steps 200] [--batch-size 32] [--out bench/results/sft_vs_trl.json]
+    python -m bench.sft_vs_trl [--steps 200] [--batch-size 32] [--runs 3] [--no-wait]
+                               [--out bench/results/sft_vs_trl.json]
 """
 
 from __future__ import annotations
 
-import gc
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import repeats
 from bench.common import (GRAD_CLIP, RESULTS_DIR, TRAIN_METRIC, TRAIN_UNIT, TRAIN_WARMUP_STEPS, SideResult,
-                          Stopwatch, go_offline, make_result, package_versions, parameter_count, report,
-                          side_config, train_bench_args, trl_cpu_args)
+                          Stopwatch, go_offline, make_result, measured_sides, package_versions, parameter_count,
+                          report, resolved_config, train_bench_args, trl_cpu_args)
 
 go_offline()  # before anything below imports transformers, datasets or trl
 
@@ -128,6 +131,7 @@ def peer_args(settings: Settings, output_dir: str) -> dict:
                            learning_rate=settings.learning_rate, warmup_steps=settings.lr_warmup_steps,
                            weight_decay=settings.weight_decay, seed=settings.seed),
             "max_length": settings.max_seq_len, "packing": False, "completion_only_loss": True,
+            "loss_type": "nll",  # the plain per-token NLL ours computes (pinned: a newer default may differ)
             "include_num_input_tokens_seen": "non_padding"}  # TRL's own count of the tokens we measure
 
 
@@ -174,8 +178,10 @@ def peer(model_dir: Path, tokenizer, rows: list[dict], plan: list[list[int]], ex
         final_loss=last_batch_loss(model, examples, plan[-1], tokenizer.pad_token_id),
         torch_threads=torch.get_num_threads(),
         details={"trl_args": peer_args(settings, "<temporary directory>"),
+                 "resolved_config": resolved_config(args),
                  "resolved": {"optim": str(args.optim.value), "lr_scheduler_type": str(args.lr_scheduler_type.value),
                               "completion_only_loss": trainer.completion_only_loss,
+                              "loss_type": args.loss_type,
                               "bf16": args.bf16, "gradient_checkpointing": args.gradient_checkpointing,
                               "activation_checkpointing": args.activation_checkpointing},
                  "dataset_format": "prompt/completion, prompt pre-rendered with the chat template",
@@ -193,7 +199,7 @@ def _same_tokens(prepared, expected: list[Example]) -> bool:
 
 # ---- the comparison ------------------------------------------------------------------------
 
-def run(settings: Settings) -> dict:
+def run(settings: Settings, runs: int = 1, quiet: dict | None = None) -> dict:
     import torch
 
     from models.loading import load_tokenizer
@@ -205,10 +211,10 @@ def run(settings: Settings) -> dict:
     examples = [encode_example(tokenizer, r["prompt"], r["completion"], settings.max_seq_len) for r in rows]
     plan = batch_plan(len(examples), settings)
 
-    ours_result = ours(model_dir, tokenizer, examples, settings)
-    gc.collect()
-    peer_result = peer(model_dir, tokenizer, rows, plan, examples, settings)
-
+    sides = repeats.interleaved({"ours": lambda: ours(model_dir, tokenizer, examples, settings),
+                                 "peer": lambda: peer(model_dir, tokenizer, rows, plan, examples, settings)},
+                                runs, repeats.say("sft_vs_trl"))
+    ours_speed, peer_speed, measured = measured_sides(sides)
     config = {
         "model": MODEL_PRESET,
         "dtype": "float32",
@@ -219,12 +225,12 @@ def run(settings: Settings) -> dict:
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,
         "tokens_counted": "non-pad prompt + completion tokens (attention mask sum)",
-        "ours": side_config(ours_result),
-        "peer": side_config(peer_result),
+        **measured,
+        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
-    return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=round(ours_result.tokens_per_second, 1),
-                       peer=round(peer_result.tokens_per_second, 1), peer_name=_peer_name(), config=config)
+    return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=ours_speed, peer=peer_speed,
+                       peer_name=_peer_name(), config=config)
 
 
 def _peer_name() -> str:
@@ -234,7 +240,8 @@ def _peer_name() -> str:
 def main(argv: list[str] | None = None) -> dict:
     args = train_bench_args(argv, prog="python -m bench.sft_vs_trl", description=__doc__.splitlines()[0],
                             steps=200, batch_size=32, default_out=DEFAULT_OUT)
-    result = run(Settings(steps=args.steps, batch_size=args.batch_size, threads=args.threads))
+    quiet = repeats.wait_for_quiet(args.no_wait)
+    result = run(Settings(steps=args.steps, batch_size=args.batch_size, threads=args.threads), args.runs, quiet)
     return report("sft_vs_trl", result, args.out)
 
 

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from bench.common import RESULT_KEYS
 
 
@@ -9,7 +11,8 @@ def test_sft_vs_trl_writes_a_well_formed_result(tmp_path):
     from bench import sft_vs_trl
 
     out = tmp_path / "r.json"
-    returned = sft_vs_trl.main(["--steps", "4", "--batch-size", "4", "--out", str(out)])
+    # two runs a side, interleaved; no waiting for a quiet machine (the tests load it)
+    returned = sft_vs_trl.main(["--steps", "4", "--batch-size", "4", "--runs", "2", "--no-wait", "--out", str(out)])
     result = json.loads(out.read_text())
 
     assert result == returned
@@ -35,6 +38,13 @@ def test_sft_vs_trl_writes_a_well_formed_result(tmp_path):
     # Same batches on both sides: the same token ids, and so the same token counts
     assert config["peer"]["token_ids_identical_to_ours"] is True
     assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"]
+    assert config["peer"]["resolved"]["loss_type"] == "nll" == config["peer"]["resolved_config"]["loss_type"]
+    # the headline is each side's median over its runs, with every run kept
+    assert config["repeats"]["runs_per_side"] == 2 and config["repeats"]["quiet"]["skipped"] is True
+    for side in ("ours", "peer"):
+        runs = config[side]["tokens_per_second_runs"]
+        assert len(runs["runs"]) == 2 and runs["min"] <= result[side] == runs["median"] <= runs["max"]
+    assert len(config["ratio_runs"]["runs"]) == 2
 
 
 def test_overhead_writes_a_well_formed_result(tmp_path, shared_prefect_api):
@@ -42,31 +52,36 @@ def test_overhead_writes_a_well_formed_result(tmp_path, shared_prefect_api):
     from tests.e2e.helpers import tiny_spec, write
 
     spec = write(tmp_path, tiny_spec("file://unused"))
-    result = overhead.main(["--spec", str(spec), "--out", str(tmp_path / "o.json")])
+    result = overhead.main(["--spec", str(spec), "--runs", "1", "--no-wait", "--out", str(tmp_path / "o.json")])
     assert json.loads((tmp_path / "o.json").read_text()) == result
     assert tuple(result) == RESULT_KEYS and result["unit"] == "%" and result["higher_is_better"] is False
     assert result["peer"] is None and result["ratio"] is None
     config = result["config"]
     assert set(config["stages"]) == {"warmup", "sft", "final-eval"}
     assert 0 < config["compute_seconds"] < config["wall_seconds"]
-    assert result["ours"] == round((config["wall_seconds"] - config["compute_seconds"]) / config["wall_seconds"]
-                                   * 100, 2)
+    assert result["ours"] == config["overhead_percent"] == pytest.approx(
+        (config["wall_seconds"] - config["compute_seconds"]) / config["wall_seconds"] * 100, abs=0.05)
+    # the overhead in its parts: around the flow, around each stage, and between stages
+    assert sum(config["parts_seconds"].values()) + config["compute_seconds"] == pytest.approx(config["wall_seconds"],
+                                                                                              abs=0.05)
 
 
 def test_contracts_bench_writes_a_well_formed_result(tmp_path):
     from bench import contracts
 
-    result = contracts.main(["--rows", "2000", "--out", str(tmp_path / "c.json")])
+    result = contracts.main(["--rows", "2000", "--runs", "2", "--no-wait", "--out", str(tmp_path / "c.json")])
     assert json.loads((tmp_path / "c.json").read_text()) == result
     assert tuple(result) == RESULT_KEYS and result["unit"] == "rows/s" and result["ours"] > 0
     assert result["config"]["rows"] == 2000 and result["config"]["expectations"] >= 10
+    assert len(result["config"]["rows_per_second_runs"]["runs"]) == 2
 
 
 def test_dpo_vs_trl_writes_a_well_formed_result(tmp_path):
     from bench import dpo_vs_trl
 
     out = tmp_path / "d.json"
-    result = dpo_vs_trl.main(["--steps", "5", "--batch-size", "4", "--out", str(out)])
+    result = dpo_vs_trl.main(["--steps", "5", "--batch-size", "4", "--pairs", "equal,looping", "--runs", "1",
+                              "--no-wait", "--out", str(out)])
     assert json.loads(out.read_text()) == result
     assert tuple(result) == RESULT_KEYS and result["unit"] == "tokens/s"
     assert result["peer_name"].startswith("trl ") and result["peer_name"].endswith(" DPOTrainer")
@@ -79,7 +94,14 @@ def test_dpo_vs_trl_writes_a_well_formed_result(tmp_path):
     assert config["peer"]["token_ids_identical_to_ours"] is True
     assert config["peer"]["reference_logps_match_ours"] is True
     assert config["ours"]["timed_tokens"] == config["peer"]["timed_tokens"] > 0
-    assert config["data"]["mean_rejected_tokens"] > config["data"]["mean_chosen_tokens"]
+    # the headline pairs are equal in length; the looping ones (the older data) stay as a second case
+    assert config["data"]["shape"] == "equal"
+    assert config["data"]["mean_rejected_tokens"] == config["data"]["mean_chosen_tokens"]
+    looping = config["cases"]["looping"]
+    assert looping["data"]["mean_rejected_tokens"] > looping["data"]["mean_chosen_tokens"]
+    assert looping["ratio"] == round(looping["ours_median"] / looping["peer_median"], 4)
+    assert looping["ours_median"] == looping["ours"]["tokens_per_second_runs"]["median"]
+    assert looping["peer"]["token_ids_identical_to_ours"] is True
 
 
 def test_scale_writes_a_well_formed_result(tmp_path):
@@ -87,7 +109,7 @@ def test_scale_writes_a_well_formed_result(tmp_path):
 
     out = tmp_path / "s.json"
     result = scale.main(["--tiny", "--in-process", "--rows", "2", "--seq-len", "24", "--prompt-len", "8",
-                         "--new-tokens", "3", "--threads", "1", "--out", str(out)])
+                         "--new-tokens", "3", "--threads", "1", "--no-wait", "--out", str(out)])
     assert json.loads(out.read_text()) == result
     assert tuple(result)[:len(RESULT_KEYS)] == RESULT_KEYS
     assert result["unit"] == "GB" and result["higher_is_better"] is False

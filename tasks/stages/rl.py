@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
@@ -368,13 +369,17 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
         else None
     detector = DoomLoopDetector()
     for step in range(training.start, stage.steps):
+        began = time.perf_counter()
         groups, sampled, draws = collect(policy, tokenizer, envs, rubric_of, pools, stage, step, detector,
                                          str(training.accelerator.device))
         metrics = batch_metrics(sampled, list(stage.envs))
         completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
+        collected = time.perf_counter()
         if groups:  # empty when dynamic sampling found no group with signal within its draws
             update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
             metrics.update(update)
+        # where a step's time goes: sampling and scoring episodes, then the policy update
+        metrics.update(rollout_seconds=collected - began, update_seconds=time.perf_counter() - collected)
         if stage.dynamic_sampling is not None:
             metrics.update(kept_groups=len(groups), draws=draws)
         training.record(step, completion_tokens, **metrics)
