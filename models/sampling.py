@@ -124,21 +124,29 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
                   row_seeds: list[int]) -> list[Generation]:
     import torch
 
+    from models.decoding import fast_decoder
+
     generators = [torch.Generator().manual_seed(seed % 2**63) for seed in row_seeds]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     input_ids, attention = left_padded(prompts, pad, model.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    done = torch.zeros(len(prompts), dtype=torch.bool)
-    length = torch.full((len(prompts),), params.max_new_tokens, dtype=torch.long)  # tokens each row keeps
+    rows = len(prompts)
+    done = torch.zeros(rows, dtype=torch.bool)
+    length = torch.full((rows,), params.max_new_tokens, dtype=torch.long)  # tokens each row keeps
+    active = torch.arange(rows)  # the rows still decoding, in the engine's row order
+    engine = fast_decoder(model) or _Generic(model, pad)
     steps_tokens, steps_logprobs = [], []
     with torch.no_grad():
-        # the model builds the cache its architecture needs (KV, or hybrid conv state for LFM2)
-        output = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        logits = engine.start(input_ids, attention, positions, input_ids.shape[1] + params.max_new_tokens)
+        position = positions[:, -1].cpu()
         for step in range(params.max_new_tokens):
-            tokens, logprobs = next_tokens(output.logits[:, -1, :], params, generators)
-            tokens = tokens.cpu().masked_fill(done, pad)
+            picked, picked_logprobs = next_tokens(logits, params, [generators[i] for i in active.tolist()])
+            tokens = torch.full((rows,), pad, dtype=torch.long)
+            tokens[active] = picked.cpu()
+            logprobs = torch.zeros(rows)
+            logprobs[active] = picked_logprobs.float().cpu()
             steps_tokens.append(tokens)
-            steps_logprobs.append(logprobs.cpu())
+            steps_logprobs.append(logprobs)
             ended = ~done & (tokens == eos)
             if params.stop:
                 ended |= ~done & _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1), done,
@@ -147,10 +155,12 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             done |= ended
             if bool(done.all()):
                 break
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
-            positions = positions[:, -1:] + 1
-            output = model(input_ids=tokens[:, None].to(model.device), attention_mask=attention,
-                           position_ids=positions, cache=output.cache, use_cache=True)
+            position += 1
+            still = ~done[active]
+            if not bool(still.all()):  # finished rows leave the batch
+                engine.keep(still.nonzero()[:, 0].to(model.device))
+                active = active[still]
+            logits = engine.step(tokens[active].to(model.device), position[active].to(model.device))
     token_rows, logprob_rows = torch.stack(steps_tokens, 1).tolist(), torch.stack(steps_logprobs, 1).tolist()
     gens = []
     for row, n in enumerate(length.tolist()):
@@ -158,6 +168,41 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
         gen.text = before_stop(tokenizer.decode(gen.token_ids, skip_special_tokens=True), params.stop)
         gens.append(gen)
     return gens
+
+
+class _Generic:
+    """Any architecture through its transformers forward and the cache it builds (KV, or LFM2's
+    hybrid conv state). Every row stays in the batch (a finished one is fed the pad token); only
+    the logits of the rows still decoding are returned."""
+
+    def __init__(self, model, pad: int):
+        self.model, self.pad = model, pad
+
+    def start(self, input_ids, attention, positions, capacity: int):
+        import torch
+
+        self.attention, self.position = attention, positions[:, -1].clone()
+        self.rows = torch.arange(len(input_ids), device=input_ids.device)
+        output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                            logits_to_keep=1)
+        self.cache = output.cache
+        return output.logits[:, -1, :]
+
+    def step(self, tokens, positions):
+        """`tokens` of the rows still decoding; every row's position moves on by one."""
+        import torch
+
+        every_token = torch.full((len(self.attention),), self.pad, dtype=torch.long, device=tokens.device)
+        every_token[self.rows] = tokens
+        self.position += 1
+        self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], dim=-1)
+        output = self.model(input_ids=every_token[:, None], attention_mask=self.attention,
+                            position_ids=self.position[:, None], cache=self.cache, use_cache=True)
+        self.cache = output.cache
+        return output.logits[self.rows, -1, :]
+
+    def keep(self, rows) -> None:
+        self.rows = self.rows[rows]
 
 
 def _stop_hits(tokenizer, generated, done, stop: tuple[str, ...]):

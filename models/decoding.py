@@ -1,0 +1,149 @@
+"""Decoding without the per-call overhead of the transformers forward, for llama and qwen3.
+
+At the model sizes this project trains on a CPU, a transformers forward of one token costs
+several milliseconds, almost all of it framework work (mask building, cache objects, the
+attention dispatch, output classes) rather than arithmetic. `Decoder` runs the same arithmetic
+directly over the checkpoint's own weight tensors (nothing is copied): one preallocated
+key/value buffer per layer written in place, the layer's math as plain torch calls, only the
+rows still decoding computed (finished rows are dropped), and a prompt shared by several rows
+(a group's samples) computed once. Greedy output equals `model.generate` token for token and
+the log-probs a teacher-forced forward's (tests/test_decoding.py).
+
+Architectures without a step function here (LFM2's convolutions, anything else), LoRA-wrapped
+models and models being trained keep the generic path (models/sampling.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED = ("llama", "qwen3")
+
+
+def fast_decoder(model) -> Decoder | None:
+    """A Decoder over `model`'s weights when its architecture has a step function here, else None."""
+    config = model.config
+    if config.model_type not in SUPPORTED or model.training or hasattr(model, "peft_config"):
+        return None
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return None  # sliding-window layers
+    if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+        return None
+    return Decoder(model)
+
+
+@dataclass
+class _Layer:
+    attention_norm: object
+    q: object
+    k: object
+    v: object
+    o: object
+    q_norm: object  # qwen3's per-head norms (None for llama)
+    k_norm: object
+    mlp_norm: object
+    gate: object
+    up: object
+    down: object
+
+
+class Decoder:
+    """Prefill with `start`, then one token a step with `step`; `keep` drops finished rows."""
+
+    def __init__(self, model):
+        inner, config = model.model, model.config
+        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.head = model.lm_head
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.layers = [_Layer(layer.input_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj,
+                              layer.self_attn.v_proj, layer.self_attn.o_proj,
+                              getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None),
+                              layer.post_attention_layernorm, layer.mlp.gate_proj, layer.mlp.up_proj,
+                              layer.mlp.down_proj) for layer in inner.layers]
+        self.keys: list = []
+        self.values: list = []
+        self.attention = None  # (rows, capacity) bool: which cache columns each row attends to
+        self.length = 0  # cache columns written
+
+    def start(self, input_ids, attention, positions, capacity: int):
+        """Prefill left-padded prompts (rows with the same prompt computed once); returns the last
+        position's logits, one row per prompt row. `capacity`: columns to hold, prompt included."""
+        import torch
+
+        rows, width = input_ids.shape
+        unique, index = _unique_rows(input_ids, attention)
+        first = self.embed.weight
+        self.keys = [first.new_zeros(rows, self.kv_heads, capacity, self.head_dim) for _ in self.layers]
+        self.values = [first.new_zeros(rows, self.kv_heads, capacity, self.head_dim) for _ in self.layers]
+        self.attention = torch.zeros(rows, capacity, dtype=torch.bool, device=input_ids.device)
+        self.attention[:, :width] = attention.bool()
+        causal = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).tril()
+        mask = causal[None, None] & attention[unique].bool()[:, None, None, :]
+        # a fully padded query row (left padding) would softmax over nothing: let it see itself
+        mask |= torch.eye(width, dtype=torch.bool, device=input_ids.device)[None, None]
+        hidden = self._forward(input_ids[unique], positions[unique], mask, 0, index)
+        self.length = width
+        return self.head(self.norm(hidden[:, -1:]))[:, 0][index]
+
+    def step(self, tokens, positions):
+        """One new token per row still decoding (`tokens`, `positions`: (rows,)); returns its logits."""
+        self.attention[:, self.length] = True
+        mask = self.attention[:, None, None, :self.length + 1]
+        hidden = self._forward(tokens[:, None], positions[:, None], mask, self.length, None)
+        self.length += 1
+        return self.head(self.norm(hidden))[:, 0]
+
+    def keep(self, rows) -> None:
+        """Keep only these rows (indices into the current rows): finished rows stop costing work."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.attention = self.attention.index_select(0, rows)
+
+    def _forward(self, input_ids, positions, mask, offset: int, expand):
+        """The decoder layers over `input_ids` written at cache columns offset..; `expand` maps
+        the computed rows to the cache's rows (prefill of shared prompts), None when they are the same."""
+        from torch.nn.functional import scaled_dot_product_attention, silu
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        hidden = self.embed(input_ids)
+        cos, sin = self.rotary(hidden, positions)
+        rows, length = input_ids.shape
+        end = offset + length
+        for layer, keys, values in zip(self.layers, self.keys, self.values):
+            normed = layer.attention_norm(hidden)
+            q = layer.q(normed).view(rows, length, self.heads, self.head_dim)
+            k = layer.k(normed).view(rows, length, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            v = layer.v(normed).view(rows, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            if expand is None:
+                keys[:, :, offset:end], values[:, :, offset:end] = k, v
+                k, v = keys[:, :, :end], values[:, :, :end]
+            else:
+                keys[:, :, offset:end], values[:, :, offset:end] = k[expand], v[expand]
+            attended = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
+                                                    enable_gqa=self.heads != self.kv_heads)
+            hidden = hidden + layer.o(attended.transpose(1, 2).reshape(rows, length, -1))
+            normed = layer.mlp_norm(hidden)
+            hidden = hidden + layer.down(silu(layer.gate(normed)) * layer.up(normed))
+        return hidden
+
+
+def _unique_rows(input_ids, attention):
+    """(indices of the first row of each distinct prompt, for every row the index of its prompt
+    among those): a group's samples share one prefill."""
+    import torch
+
+    seen: dict[tuple, int] = {}
+    first, index = [], []
+    for row, (ids, mask) in enumerate(zip(input_ids.tolist(), attention.tolist())):
+        key = (tuple(ids), tuple(mask))
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        index.append(seen[key])
+    device = input_ids.device
+    return torch.tensor(first, device=device), torch.tensor(index, device=device)
