@@ -114,8 +114,12 @@ def next_tokens(logits, params: SamplingParams, generators: list):
         probs = sorted_lp.exp()
         outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
         filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
-    probs = torch.softmax(filtered, dim=-1).cpu()
-    tokens = torch.cat([torch.multinomial(row, 1, generator=generator) for row, generator in zip(probs, generators)])
+    # inverse-CDF sampling: one uniform from each row's own generator, every row's search at once
+    # (a torch.multinomial call per row cost ~30 µs, a quarter of an RL step's rollout on the CPU)
+    cdf = torch.softmax(filtered, dim=-1).double().cumsum(-1).cpu()
+    uniforms = torch.cat([torch.rand(1, generator=generator, dtype=torch.float64) for generator in generators])
+    # `right`: the first token whose cumulative mass exceeds the draw, never a token of zero mass
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
     tokens = tokens.to(logits.device)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 

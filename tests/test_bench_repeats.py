@@ -96,3 +96,23 @@ def test_equal_length_pairs_have_as_many_tokens_on_both_sides():
     assert all(t["chosen"] != t["rejected"] for t in pairs.texts)
     looping = make_pairs(tokenizer, 64, 0, 256, "looping")
     assert sum(len(r.input_ids) for r in looping.rejected) > sum(len(c.input_ids) for c in looping.chosen)
+
+
+def test_the_readme_table_is_read_from_the_result_files(tmp_path):
+    import json
+
+    from bench.table import table
+
+    result = {"metric": "train tokens/s", "unit": "tokens/s", "higher_is_better": True, "ours": 13706.3,
+              "peer": 12033.7, "peer_name": "trl 1.16.0 SFTTrainer", "ratio": 1.139,
+              "config": {"ratio_runs": {"median": 1.127, "min": 1.0516, "max": 1.2547, "runs": []},
+                         "repeats": {"runs_per_side": 3}},
+              "machine": {"date": "2026-12-02T08:52:00+00:00"}}
+    (tmp_path / "sft_vs_trl.json").write_text(json.dumps(result))
+    (tmp_path / "contracts.json").write_text(json.dumps(
+        {**result, "metric": "contract validation throughput", "unit": "rows/s", "ours": 84002.3, "peer": None,
+         "peer_name": None, "ratio": None, "config": {}}))
+    lines = table(tmp_path).splitlines()
+    assert lines[2] == ("| `sft_vs_trl` | train tokens/s | 13,706 | 12,034 trl 1.16.0 SFTTrainer | 1.14 (1.05–1.25) "
+                        "| 3 | 2026-12-02 |")
+    assert lines[3] == "| `contracts` | contract validation throughput | 84,002 rows/s | – | – | 1 | 2026-12-02 |"
