@@ -10,7 +10,8 @@ rows still decoding computed (finished rows are dropped), and a prompt shared by
 the log-probs a teacher-forced forward's (tests/test_decoding.py).
 
 Architectures without a step function here (LFM2's convolutions, anything else), LoRA-wrapped
-models and models being trained keep the generic path (models/sampling.py).
+models, models being trained and models whose weights are sharded (FSDP, DeepSpeed ZeRO-3) keep
+the generic path (models/sampling.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ def fast_decoder(model) -> Decoder | None:
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return None  # sliding-window layers
-    if getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+    if config.hidden_act != "silu" or not _whole_weights(model):
         return None
     return Decoder(model)
+
+
+def _whole_weights(model) -> bool:
+    """Whether every layer holds its own full weight tensors: not sharded by FSDP or DeepSpeed
+    ZeRO-3 (their hooks gather weights around a module's forward, which a direct step bypasses)."""
+    import torch
+
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    expected = (config.num_attention_heads * head_dim, config.hidden_size)
+    return all(type(layer.self_attn.q_proj.weight) in (torch.nn.Parameter, torch.Tensor)
+               and tuple(layer.self_attn.q_proj.weight.shape) == expected for layer in model.model.layers)
 
 
 @dataclass

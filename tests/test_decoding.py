@@ -80,3 +80,6 @@ def test_other_architectures_lora_and_training_keep_the_generic_path():
     assert fast_decoder(llama.train()) is None
     lora = add_lora(llama.eval(), ModelConfig(base="tiny-llama", lora=LoraConfig(r=4)))
     assert fast_decoder(lora) is None
+    sharded, _ = preset("tiny-qwen3")  # a ZeRO-3 / FSDP shard holds an empty placeholder, not the weight
+    sharded.model.layers[1].self_attn.q_proj.weight = torch.nn.Parameter(torch.empty(0))
+    assert fast_decoder(sharded.eval()) is None
