@@ -9,9 +9,9 @@ rows still decoding computed (finished rows are dropped), and a prompt shared by
 (a group's samples) computed once. Greedy output equals `model.generate` token for token and
 the log-probs a teacher-forced forward's (tests/test_decoding.py).
 
-Architectures without a step function here (LFM2's convolutions, anything else), LoRA-wrapped
-models, models being trained and models whose weights are sharded (FSDP, DeepSpeed ZeRO-3) keep
-the generic path (models/sampling.py).
+Architectures without a step function here (LFM2's convolutions, anything else), adapters other
+than LoRA, models being trained and models whose weights are sharded (FSDP, DeepSpeed ZeRO-3)
+keep the generic path (models/sampling.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,18 @@ SUPPORTED = ("llama", "qwen3")
 
 
 def fast_decoder(model) -> Decoder | None:
-    """A Decoder over `model`'s weights when its architecture has a step function here, else None."""
+    """A Decoder over `model`'s weights when its architecture has a step function here, else None.
+    A LoRA-wrapped model (peft) decodes through its wrapped modules: each projection is the peft
+    layer itself, base weight plus adapter, as in its own forward."""
+    if model.training:
+        return None
+    if hasattr(model, "peft_config"):
+        if any(config.peft_type != "LORA" for config in model.peft_config.values()):
+            return None
+        if hasattr(model, "get_base_model"):  # a PeftModel; transformers' own adapters sit in the model
+            model = model.get_base_model()
     config = model.config
-    if config.model_type not in SUPPORTED or model.training or hasattr(model, "peft_config"):
+    if config.model_type not in SUPPORTED:
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return None  # sliding-window layers

@@ -70,7 +70,26 @@ def test_a_row_samples_the_same_alone_or_in_a_group_sharing_its_prompt():
         assert alone.logprobs == pytest.approx(generation.logprobs, abs=1e-5)
 
 
-def test_other_architectures_lora_and_training_keep_the_generic_path():
+def test_a_lora_policy_decodes_through_its_adapters():
+    from models.config import LoraConfig, ModelConfig
+    from models.loading import add_lora
+
+    model, tokenizer = preset("tiny-qwen3")
+    lora = add_lora(model, ModelConfig(base="tiny-qwen3", lora=LoraConfig(r=4))).eval()
+    torch.manual_seed(0)
+    for name, weight in lora.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero (no change); a trained adapter is not
+            weight.data.normal_(0, 0.5)
+    assert isinstance(fast_decoder(lora), Decoder)
+    prompts = ragged_prompts(tokenizer)
+    greedy = generate_tokens(lora, tokenizer, prompts, SamplingParams(max_new_tokens=16))
+    assert [g.token_ids for g in greedy] == reference_greedy(lora, tokenizer, prompts, 16)
+    with lora.disable_adapter():  # the base model's own answer differs: the adapters were used
+        assert [g.token_ids for g in generate_tokens(lora, tokenizer, prompts, SamplingParams(max_new_tokens=16))] \
+            == reference_greedy(lora, tokenizer, prompts, 16) != [g.token_ids for g in greedy]
+
+
+def test_other_architectures_adapters_and_training_keep_the_generic_path():
     from models.config import LoraConfig, ModelConfig
     from models.loading import add_lora
 
@@ -78,8 +97,10 @@ def test_other_architectures_lora_and_training_keep_the_generic_path():
     assert fast_decoder(lfm2) is None
     llama, _ = preset("tiny-llama")
     assert fast_decoder(llama.train()) is None
-    lora = add_lora(llama.eval(), ModelConfig(base="tiny-llama", lora=LoraConfig(r=4)))
-    assert fast_decoder(lora) is None
+    lora = add_lora(llama, ModelConfig(base="tiny-llama", lora=LoraConfig(r=4)))
+    assert fast_decoder(lora.train()) is None
+    lora.peft_config["default"].peft_type = "IA3"
+    assert fast_decoder(lora.eval()) is None
     sharded, _ = preset("tiny-qwen3")  # a ZeRO-3 / FSDP shard holds an empty placeholder, not the weight
     sharded.model.layers[1].self_attn.q_proj.weight = torch.nn.Parameter(torch.empty(0))
     assert fast_decoder(sharded.eval()) is None
