@@ -80,8 +80,12 @@ def make_optimizer(model, stage: TrainStage, steps: int):
     """AdamW over the trainable parameters with the warm-up + cosine (or constant) schedule."""
     import torch
 
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=stage.learning_rate, weight_decay=stage.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    # fused: one kernel for every parameter's update (5x less optimizer time at the CPU preset;
+    # TRL's default too), where torch has it: plain parameters on the CPU or CUDA
+    fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in trainable)
+    optimizer = torch.optim.AdamW(trainable, lr=stage.learning_rate, weight_decay=stage.weight_decay,
+                                  fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, stage.warmup_steps, steps, stage.lr_schedule))
     return optimizer, scheduler
