@@ -179,20 +179,12 @@ def train_bench_args(argv: list[str] | None, *, prog: str, description: str, ste
     args = parser.parse_args(argv)
     if args.steps <= TRAIN_WARMUP_STEPS:
         parser.error(f"--steps must be more than the {TRAIN_WARMUP_STEPS} untimed warm-up steps")
-    repeats.check_runs(parser, args.runs)
     return args
 
 
 def measured_sides(runs: dict[str, list[SideResult]]) -> tuple[float, float, dict]:
-    """(ours, peer, config entries) of a training comparison run `repeats.interleaved`: each side's
-    median tokens/s, the details of its median run with the spread of all its runs, and the ratio
-    of each interleaved pair."""
-    speeds = {side: [r.tokens_per_second for r in results] for side, results in runs.items()}
-    config = {side: {**side_config(results[repeats.median_index(speeds[side])]),
-                     "tokens_per_second_runs": repeats.spread(speeds[side], 1)} for side, results in runs.items()}
-    config["ratio_runs"] = repeats.paired_ratios(speeds["ours"], speeds["peer"])
-    return config["ours"]["tokens_per_second_runs"]["median"], config["peer"]["tokens_per_second_runs"]["median"], \
-        config
+    """`repeats.measured` of a training comparison: tokens/s, each side's median run's `side_config`."""
+    return repeats.measured(runs, lambda run: run.tokens_per_second, side_config, "tokens_per_second_runs")
 
 
 def resolved_config(args) -> dict:

@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(RESULTS_DIR / "contracts.json"))
     repeats.add_arguments(parser)
     args = parser.parse_args(argv)
-    repeats.check_runs(parser, args.runs)
     quiet = repeats.wait_for_quiet(args.no_wait)
 
     from data_contracts.config import ContractParams
@@ -67,8 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
                          config={"rows": args.rows, "seconds": round(seconds, 3), "suite": "rollouts",
                                  "expectations": result.evaluated, "aim": "100,000 rows in under 2 s",
                                  "rows_per_second_runs": speeds,
-                                 "repeats": {**repeats.protocol(args.runs, quiet), "order": "one side: runs in a row",
-                                             "headline": "the median run's rows/s"}})
+                                 "repeats": repeats.protocol(args.runs, quiet, one_side=True)})
     path = write_result(output, args.out)
     print(f"contracts: {args.rows:,} rollout rows in {seconds:.2f}s ({output['ours']:,.0f} rows/s) -> {path}")
     return output

@@ -256,7 +256,7 @@ def measure(model_dir, tokenizer, settings: Settings, shape: str, runs: int) -> 
     return ours_speed, peer_speed, {"data": data, **measured}
 
 
-def run(settings: Settings, shapes: tuple[str, ...] = PAIR_SHAPES, runs: int = 1, quiet: dict | None = None) -> dict:
+def run(settings: Settings, shapes: tuple[str, ...], runs: int, quiet: dict) -> dict:
     """The first shape is the headline; the others go in `config.cases`."""
     import torch
 
@@ -278,7 +278,7 @@ def run(settings: Settings, shapes: tuple[str, ...] = PAIR_SHAPES, runs: int = 1
         **headline,
         "cases": {shape: {"ours_median": ours, "peer_median": peer, "ratio": round(ours / peer, 4), **entries}
                   for shape, (ours, peer, entries) in cases.items() if shape != shapes[0]},
-        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
+        "repeats": repeats.protocol(runs, quiet),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
     return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=ours_speed, peer=peer_speed,

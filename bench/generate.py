@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(RESULTS_DIR / "generate.json"))
     repeats.add_arguments(parser)
     args = parser.parse_args(argv)
-    repeats.check_runs(parser, args.runs)
     quiet = repeats.wait_for_quiet(args.no_wait)
 
     import torch

@@ -312,7 +312,7 @@ def best_peer_decoding(model_dir, tokenizer, tasks: list, settings: Settings, ch
                             for name, speed in speeds.items()}}
 
 
-def run(settings: Settings, runs: int = 1, quiet: dict | None = None, peer_decoding: str = "auto") -> dict:
+def run(settings: Settings, runs: int, quiet: dict, peer_decoding: str = "auto") -> dict:
     import torch
 
     from models.loading import load_tokenizer
@@ -327,12 +327,10 @@ def run(settings: Settings, runs: int = 1, quiet: dict | None = None, peer_decod
         sides = repeats.interleaved({"ours": lambda: ours(model_dir, settings, next(ours_dirs)),
                                      "peer": lambda: peer(model_dir, tokenizer, tasks, settings, decoding)},
                                     runs, repeats.say("grpo_vs_trl"))
-    speeds = {side: [run.end_to_end for run in results] for side, results in sides.items()}
-    summaries = {side: {**results[repeats.median_index(speeds[side])].summary(settings.completions_per_step),
-                        "end_to_end_runs": repeats.spread(speeds[side], 1),
-                        "stepped_runs": repeats.spread([r.timed_tokens / r.timed_seconds for r in results], 1)}
-                 for side, results in sides.items()}
-    ours_speed, peer_speed = (summaries[side]["end_to_end_runs"]["median"] for side in ("ours", "peer"))
+    ours_speed, peer_speed, summaries = repeats.measured(
+        sides, lambda run: run.end_to_end, lambda run: run.summary(settings.completions_per_step), "end_to_end_runs")
+    for side, results in sides.items():
+        summaries[side]["stepped_runs"] = repeats.spread([r.timed_tokens / r.timed_seconds for r in results], 1)
 
     config = {
         "model": MODEL_PRESET, "dtype": "float32",
@@ -355,11 +353,11 @@ def run(settings: Settings, runs: int = 1, quiet: dict | None = None, peer_decod
                                / summaries["peer"]["stepped_runs"]["median"], 4),
         "wall_seconds_ratio": round(summaries["peer"]["end_to_end"]["seconds"]
                                     / summaries["ours"]["end_to_end"]["seconds"], 4),
-        "ratio_runs": repeats.paired_ratios(speeds["ours"], speeds["peer"]),
+        "ratio_runs": summaries["ratio_runs"],
         "peer_decoding": tried,
         "ours": summaries["ours"],
         "peer": summaries["peer"],
-        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
+        "repeats": repeats.protocol(runs, quiet),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
     return make_result(metric=METRIC, unit=UNIT, ours=ours_speed, peer=peer_speed,
@@ -385,7 +383,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.steps <= TRAIN_WARMUP_STEPS:
         parser.error(f"--steps must be more than the {TRAIN_WARMUP_STEPS} untimed warm-up steps")
-    repeats.check_runs(parser, args.runs)
     quiet = repeats.wait_for_quiet(args.no_wait)
     result = run(Settings(steps=args.steps, max_tokens=args.max_tokens, threads=args.threads,
                           sft_steps=args.sft_steps), args.runs, quiet, args.peer_decoding)

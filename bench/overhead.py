@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=str(RESULTS_DIR / "overhead.json"))
     repeats.add_arguments(parser)
     args = parser.parse_args(argv)
-    repeats.check_runs(parser, args.runs)
     quiet = repeats.wait_for_quiet(args.no_wait)
     runs = [measure(Path(args.spec)) for _ in range(args.runs)]
     overheads = [run["overhead_percent"] for run in runs]
@@ -66,8 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
                          config={"spec": Path(args.spec).name, **timing,
                                  "overhead_percent_runs": repeats.spread(overheads, 2),
                                  "command": f"posttrain run {Path(args.spec).name} (fresh store)",
-                                 "repeats": {**repeats.protocol(args.runs, quiet), "order": "one side: runs in a row",
-                                             "headline": "the median run's share"}})
+                                 "repeats": repeats.protocol(args.runs, quiet, one_side=True)})
     path = write_result(result, args.out)
     print(f"overhead: {overhead:.1f}% of {timing['wall_seconds']:.0f}s wall "
           f"({timing['compute_seconds']:.0f}s stage compute) -> {path}")

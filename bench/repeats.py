@@ -23,17 +23,21 @@ DEFAULT_RUNS = 3
 T = TypeVar("T")
 
 
-def add_arguments(parser, runs: int = DEFAULT_RUNS) -> None:
-    """`--runs` and `--no-wait`, the same on every comparison bench."""
-    parser.add_argument("--runs", type=int, default=runs,
-                        help=f"runs a side, interleaved ours/peer; the median is reported (default {runs})")
+def add_arguments(parser, runs: int | None = DEFAULT_RUNS) -> None:
+    """`--no-wait`, and `--runs` (not for a bench measured once: `runs` None), the same on every bench."""
+    if runs is not None:
+        parser.add_argument("--runs", type=_at_least_one, default=runs,
+                            help=f"runs a side, interleaved ours/peer; the median is reported (default {runs})")
     parser.add_argument("--no-wait", action="store_true",
                         help="start at once however busy the machine is (tests; the load is still recorded)")
 
 
-def check_runs(parser, runs: int) -> None:
-    if runs < 1:
-        parser.error("--runs must be at least 1")
+def _at_least_one(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+    return int(text)
 
 
 def wait_for_quiet(no_wait: bool = False, *, threshold: float = QUIET_LOAD_1M,
@@ -88,8 +92,22 @@ def paired_ratios(ours: list[float], peer: list[float], digits: int = 4) -> dict
     return spread([a / b for a, b in zip(ours, peer, strict=True)], digits)
 
 
-def protocol(runs: int, quiet: dict) -> dict:
+def measured(runs: dict[str, list], speed: Callable, details: Callable, key: str) -> tuple[float, float, dict]:
+    """(ours, peer, config entries) of a comparison run by `interleaved`: each side's median
+    `speed`, the `details` of its median run with the spread of all its runs under `key`, and
+    the ratio of each interleaved pair."""
+    speeds = {side: [speed(run) for run in results] for side, results in runs.items()}
+    config = {side: {**details(results[median_index(speeds[side])]), key: spread(speeds[side], 1)}
+              for side, results in runs.items()}
+    config["ratio_runs"] = paired_ratios(speeds["ours"], speeds["peer"])
+    return config["ours"][key]["median"], config["peer"][key]["median"], config
+
+
+def protocol(runs: int, quiet: dict, one_side: bool = False) -> dict:
     """What the result's `config.repeats` says about how it was measured."""
+    if one_side:
+        return {"runs_per_side": runs, "order": "one side: runs in a row", "headline": "the median run's figure",
+                "quiet": quiet}
     return {"runs_per_side": runs, "order": "interleaved: ours, peer, ours, peer, ... (gc before each run)",
             "headline": "median of each side's runs; ratio = median ours / median peer", "quiet": quiet}
 

@@ -281,8 +281,7 @@ def parse(argv: list[str] | None):
                              "peak_rss_gb is then this process's peak so far, not the row's own")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "ROW"), help="run one row in this process, print JSON")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--no-wait", action="store_true",
-                        help="start at once however busy the machine is (tests; the load is still recorded)")
+    repeats.add_arguments(parser, runs=None)
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     for name in args.models + ([args.one[0]] if args.one else []):

@@ -199,7 +199,7 @@ def _same_tokens(prepared, expected: list[Example]) -> bool:
 
 # ---- the comparison ------------------------------------------------------------------------
 
-def run(settings: Settings, runs: int = 1, quiet: dict | None = None) -> dict:
+def run(settings: Settings, runs: int, quiet: dict) -> dict:
     import torch
 
     from models.loading import load_tokenizer
@@ -226,7 +226,7 @@ def run(settings: Settings, runs: int = 1, quiet: dict | None = None) -> dict:
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,
         "tokens_counted": "non-pad prompt + completion tokens (attention mask sum)",
         **measured,
-        "repeats": repeats.protocol(runs, quiet or repeats.wait_for_quiet(no_wait=True)),
+        "repeats": repeats.protocol(runs, quiet),
         "versions": package_versions("torch", "transformers", "accelerate", "datasets", "trl"),
     }
     return make_result(metric=TRAIN_METRIC, unit=TRAIN_UNIT, ours=ours_speed, peer=peer_speed,

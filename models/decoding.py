@@ -48,10 +48,13 @@ def _whole_weights(model) -> bool:
     import torch
 
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    expected = (config.num_attention_heads * head_dim, config.hidden_size)
+    expected = (config.num_attention_heads * _head_dim(config), config.hidden_size)
     return all(type(layer.self_attn.q_proj.weight) in (torch.nn.Parameter, torch.Tensor)
                and tuple(layer.self_attn.q_proj.weight.shape) == expected for layer in model.model.layers)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 @dataclass
@@ -77,7 +80,7 @@ class Decoder:
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.head = model.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = _head_dim(config)
         self.scaling = self.head_dim ** -0.5
         self.layers = [_Layer(layer.input_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj,
                               layer.self_attn.v_proj, layer.self_attn.o_proj,
