@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "gain_points": [round(g, 2) for g in gains],
                 "gain_std_points": round(statistics.stdev(gains), 2) if len(gains) > 1 else None,
                 "rl_seconds": {s["id"]: s["seconds"] for s in summary["stages"] if s["id"] in rl_ids},
-                "command": f"python -m bench.rl_seeds --seeds {args.seeds}"})
+                "command": f"python -m bench.rl_seeds --seeds {args.seeds}"
+                           + (f" --store {args.store}" if args.store else "")})
     path = write_result(result, args.out)
     print(f"rl gain over {input_id}: {', '.join(f'{g:+.1f}' for g in gains)} points "
           f"(input {100 * before['accuracy']:.1f}%) -> {path}")
