@@ -57,16 +57,77 @@ def _conversation_columns(frame, kind: str) -> None:
         frame[name] = totals[name]
 
 
+def _flat_masks(masks):
+    """Every row's mask in one flat int64 array, and each row's bounds in it (a null mask is empty)."""
+    import itertools
+
+    import numpy as np
+    import pyarrow as pa
+
+    first = next((mask for mask in masks if mask is not None), None)
+    if isinstance(first, np.ndarray):  # as read from parquet: Arrow flattens these without a Python loop
+        lists = pa.array(masks, from_pandas=True)
+        offsets = lists.offsets.to_numpy()
+        return np.asarray(lists.flatten().to_numpy(zero_copy_only=False), dtype=np.int64), offsets - offsets[0]
+    cells = [mask if mask is not None else () for mask in masks]
+    lengths = np.fromiter(map(len, cells), dtype=np.int64, count=len(cells))
+    values = np.fromiter(itertools.chain.from_iterable(cells), dtype=np.int64, count=int(lengths.sum()))
+    return values, np.concatenate([[0], np.cumsum(lengths)])
+
+
+def _row_sum(mask, other=None, paired: bool = False) -> int:
+    """One row the slow way; -1 where a mask is not a list of numbers (so its row fails the suite)."""
+    try:
+        mask = list(mask) if mask is not None else []
+        if not paired:
+            return int(sum(mask))
+        return sum(int(bool(a) and bool(b)) for a, b in zip(mask, list(other) if other is not None else []))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _segment_sums(values, offsets) -> list[int]:
+    import numpy as np
+
+    totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return (totals[offsets[1:]] - totals[offsets[:-1]]).tolist()
+
+
+def mask_totals(loss_masks, env_masks=None) -> tuple[list[int], list[int] | None]:
+    """Per row: the tokens trained on (sum of the loss mask) and, given env masks, the env-written
+    tokens among them (positions set in both, over the shorter mask).
+
+    Vectorised over one flat array (a 100k-row rollouts frame in tens of ms, not a second of Python);
+    ragged pairs and masks that are not numbers go row by row.
+    """
+    import numpy as np
+
+    paired = env_masks is not None
+    try:
+        values, offsets = _flat_masks(loss_masks)
+        trained = _segment_sums(values, offsets)
+        if not paired:
+            return trained, None
+        env_values, env_offsets = _flat_masks(env_masks)
+        if np.array_equal(offsets, env_offsets):
+            return trained, _segment_sums((values != 0) & (env_values != 0), offsets)
+    except (TypeError, ValueError, OverflowError):  # Arrow's errors subclass these
+        trained = [_row_sum(mask) for mask in loss_masks]
+    if not paired:
+        return trained, None
+    return trained, [_row_sum(loss, env, paired=True) for loss, env in zip(loss_masks, env_masks)]
+
+
 def prepare(frame, params: ContractParams):
     """Add the derived columns the suite of `params.kind` checks."""
     frame = frame.copy()
     if params.kind == "rollouts":
         frame["group_size"] = frame.groupby("prompt_id")["id"].transform("size")
         if "loss_mask" in frame:
-            frame["trained_tokens"] = frame["loss_mask"].map(lambda mask: int(sum(mask)))
-        if "loss_mask" in frame and "env_mask" in frame:
-            frame["env_tokens_trained"] = [sum(int(a and b) for a, b in zip(loss, env))
-                                           for loss, env in zip(frame["loss_mask"], frame["env_mask"])]
+            trained, env_trained = mask_totals(frame["loss_mask"], frame["env_mask"] if "env_mask" in frame else None)
+            frame["trained_tokens"] = trained
+            if env_trained is not None:
+                frame["env_tokens_trained"] = env_trained
     if params.kind == "preference":
         frame["chosen_equals_rejected"] = frame["chosen"] == frame["rejected"]
     if params.kind in CONVERSATIONS and "conversational" in frame:

@@ -68,15 +68,27 @@ def _row_ids(frame, indices: list) -> list:
     return [frame[id_column].iloc[i] for i in indices[:EXAMPLES] if isinstance(i, int) and i < len(frame)]
 
 
+def _checked_columns(frame, checks: list):
+    """The columns the suite reads. GX hashes the batch's frame, and pickles it whole where cells
+    are arrays (token ids, masks): seconds per 100k rows spent on columns no check reads."""
+    named = set()
+    for check in checks:
+        named.update(getattr(check, field, None) for field in ("column", "column_A", "column_B"))
+        named.update(getattr(check, "column_list", None) or [])
+    return frame[[column for column in frame.columns if column in named]]
+
+
 def validate(frame, params: ContractParams) -> ContractResult:
     """Run the suite of `params.kind` over a pandas DataFrame."""
     import great_expectations as gx
 
     prepared = prepare(frame, params)
+    checks = expectations(prepared, params)
     context = _gx_context()
     asset = context.data_sources.add_pandas("posttrain").add_dataframe_asset(params.kind)
-    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": prepared})
-    suite = gx.ExpectationSuite(name=f"posttrain-{params.kind}", expectations=expectations(prepared, params))
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
+        batch_parameters={"dataframe": _checked_columns(prepared, checks)})
+    suite = gx.ExpectationSuite(name=f"posttrain-{params.kind}", expectations=checks)
     result = batch.validate(suite, result_format={"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES})
     failures = []
     for check in result.results:

@@ -2,10 +2,12 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from data_contracts.config import ContractConfig, ContractParams
+from data_contracts.suites import mask_totals
 from data_contracts.validate import data_docs_html, validate
 from flows.cli.main import main
 
@@ -108,6 +110,33 @@ def test_masks():
     assert "expect_column_values_to_be_between(trained_tokens): 1 rows, e.g. r2" in failed(no_completion, ROLLOUTS)
     env_trained = seeded(rollout_rows(), "env_mask", 6, [0, 1, 0])
     assert "expect_column_values_to_be_in_set(env_tokens_trained): 1 rows, e.g. r6" in failed(env_trained, ROLLOUTS)
+
+
+def test_masks_as_read_back_from_parquet(tmp_path):
+    """The gate reads masks back as numpy arrays: the same defects fail the same way."""
+    frame = seeded(seeded(rollout_rows(), "loss_mask", 2, [0, 0, 0]), "env_mask", 6, [0, 1, 0])
+    frame.to_parquet(tmp_path / "data.parquet", index=False)
+    message = failed(pd.read_parquet(tmp_path / "data.parquet"), ROLLOUTS)
+    assert "expect_column_values_to_be_between(trained_tokens): 1 rows, e.g. r2" in message
+    assert "expect_column_values_to_be_in_set(env_tokens_trained): 1 rows, e.g. r6" in message
+
+
+def test_masks_that_are_not_numbers_fail_their_rows():
+    frame = seeded(rollout_rows(), "loss_mask", 4, ["x", 1])
+    assert "expect_column_values_to_be_between(trained_tokens): 1 rows, e.g. r4" in failed(frame, ROLLOUTS)
+
+
+def test_mask_totals_vectorised_equal_the_row_by_row_sums():
+    loss = pd.Series([[0, 1, 1], None, [], [True, True], np.array([1, 1, 0])], dtype=object)
+    env = pd.Series([[0, 0, 1], [1], [], [False, True], np.array([1, 0, 0])], dtype=object)
+    assert mask_totals(loss) == ([2, 0, 0, 2, 2], None)
+    assert mask_totals(loss, env) == ([2, 0, 0, 2, 2], [1, 0, 0, 1, 1])
+    arrays = pd.Series([np.array([0, 1, 1]), None, np.array([1, 1])], dtype=object)
+    assert mask_totals(arrays, pd.Series([np.array([1, 1, 0]), None, np.array([0, 1])], dtype=object)) == (
+        [2, 0, 2], [1, 0, 1])
+    ragged = pd.Series([[1, 1, 1], [1]], dtype=object)  # env mask shorter than the loss mask: over the shorter
+    assert mask_totals(ragged, pd.Series([[0, 1], [1, 1]], dtype=object)) == ([3, 1], [1, 1])
+    assert mask_totals(pd.Series([["x"], [1]], dtype=object)) == ([-1, 1], None)
 
 
 def test_preference_pairs():
