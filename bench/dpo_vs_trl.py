@@ -169,7 +169,8 @@ def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
         details={"loop": "tasks.stages.preference: reference_logps (untimed), train_step; tasks.common.training: "
                          "batch_indices, make_optimizer",
                  "reference": "precomputed log-probs of the initial model",
-                 "forward": "chosen and rejected as two batches, each padded to its own longest sequence",
+                 "forward": "a micro-batch's chosen and rejected sequences together, in length buckets "
+                            "(tasks.common.training.length_buckets)",
                  "model_parameters": parameter_count(model)},
     ), (ref_chosen, ref_rejected)
 

@@ -189,3 +189,15 @@ def test_bf16_autocast_trains_on_the_cpu_and_fp16_is_refused(tiny, fresh_acceler
     assert all(p.dtype == torch.float32 for p in trained.parameters())  # autocast over fp32 weights
     with pytest.raises(ValueError, match="mixed_precision: fp16 needs a CUDA device"):
         make_accelerator(SftStage(kind="sft", id="s", data="d", mixed_precision="fp16"), "cpu")
+
+
+def test_length_buckets_split_stragglers_and_keep_every_row_once():
+    from tasks.common.training import length_buckets
+
+    widths = [(18, 38)] * 40 + [(18, 64)] * 8 + [(30, 38)] * 2
+    buckets = length_buckets(widths)
+    assert sorted(i for bucket in buckets for i in bucket) == list(range(len(widths)))
+    assert len(buckets) == 2 and set(buckets[1]) == set(range(40, 50))  # the long rows ride together
+    assert length_buckets([(18, 38)] * 64) == [list(range(64))]  # nothing to gain: one call
+    assert all(len(bucket) <= 6 for bucket in length_buckets(widths, max_rows=6))
+    assert length_buckets([]) == []

@@ -91,6 +91,37 @@ def make_optimizer(model, stage: TrainStage, steps: int):
     return optimizer, scheduler
 
 
+PIECE_OVERHEAD_TOKENS = 512  # one more forward + backward costs about as much as this many padded tokens
+SPAN_ROWS = 256  # the longest micro-batch the cut considers: past it, one call's overhead is noise
+
+
+def length_buckets(widths: list[tuple[int, ...]], max_rows: int | None = None,
+                   overhead: int = PIECE_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Row indices cut into micro-batches that waste the least on padding.
+
+    A micro-batch of n rows pads each part k (left-padded prompt, right-padded completion) to its
+    longest, so costs n · Σ_k max_k plus `overhead` for the call itself. Rows sorted by total
+    length, the cheapest cut into runs of at most `max_rows` comes from a dynamic programme
+    (O(n · SPAN_ROWS)). One straggling 64-token row no longer pads 63 rows of ~38 to its length.
+    """
+    order = sorted(range(len(widths)), key=lambda i: (sum(widths[i]), i))
+    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = [0] * (len(widths[order[0]]) if widths else 0)
+        for start in range(end - 1, -1, -1):
+            if end - start > (max_rows or SPAN_ROWS):
+                break
+            longest = [max(a, b) for a, b in zip(longest, widths[order[start]])]
+            cost = best[start] + (end - start) * sum(longest) + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    buckets, end = [], len(order)
+    while end > 0:
+        buckets.append(sorted(order[cut[end]:end]))  # rows keep their order within a micro-batch
+        end = cut[end]
+    return buckets[::-1]
+
+
 @dataclass
 class Learner:
     """A model and its optimizer, as one step's micro-batches update it.
@@ -110,6 +141,11 @@ class Learner:
     def pieces(self, rows: list) -> list[list]:
         size = self.micro_batch_size or len(rows) or 1
         return [rows[start:start + size] for start in range(0, len(rows), size)]
+
+    def buckets(self, rows: list, widths: list[tuple[int, ...]]) -> list[list]:
+        """`rows` regrouped by length into micro-batches of at most `micro_batch_size` (see
+        length_buckets); `widths[i]` holds the lengths of row i's separately padded parts."""
+        return [[rows[i] for i in bucket] for bucket in length_buckets(widths, self.micro_batch_size)]
 
     def shards(self, batch: list) -> int:
         """How many processes split `batch` (Training.shard): all of them, or 1 when each holds it whole."""

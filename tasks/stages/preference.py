@@ -29,7 +29,7 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
-from tasks.common.training import Learner, mixed_batch_indices, start_training, total_steps
+from tasks.common.training import Learner, length_buckets, mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
 
 
@@ -148,6 +148,17 @@ def side_logps(model, examples: list[Example], pad_id: int, device):
     return logps.sum(-1), scored.sum(-1), int(mask.sum())
 
 
+def bucketed_logps(model, examples: list[Example], pad_id: int, device):
+    """side_logps over `examples` in length buckets (one call where lengths are alike), in the order given."""
+    import torch
+
+    buckets = length_buckets([(len(e.input_ids),) for e in examples])
+    parts = [side_logps(model, [examples[i] for i in bucket], pad_id, device) for bucket in buckets]
+    order = torch.tensor([i for bucket in buckets for i in bucket], device=device).argsort()
+    return (torch.cat([logps for logps, _, _ in parts])[order], torch.cat([scored for _, scored, _ in parts])[order],
+            sum(seen for _, _, seen in parts))
+
+
 def reference_logps(model, examples: list[Example], pad_id: int, device) -> list[float]:
     import torch
 
@@ -166,9 +177,10 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
     returns (metrics over the share, non-pad tokens processed).
 
     The loss is the mean of `preference_loss` over the step's `step_pairs` pairs (every process's
-    share; default: this share's), × `shards` (Learner). Chosen and rejected go through the model
-    as two batches, each padded to its own longest sequence: a looping rejected completion is
-    often twice as long as its chosen one.
+    share; default: this share's), × `shards` (Learner). A micro-batch's chosen and
+    rejected sequences go through the model together, regrouped by length (length_buckets):
+    pairs of similar lengths in one call, while a looping rejected completion, often twice as
+    long as its chosen one, does not pad the chosen side to its length.
     """
     step_pairs = step_pairs or len(chosen)
     device = learner.accelerator.device
@@ -176,18 +188,17 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
     pieces = learner.pieces(list(range(len(chosen))))
     for index, piece in enumerate(pieces):
         with learner.accelerator.autocast():
-            chosen_logps, chosen_tokens, chosen_seen = side_logps(learner.model, [chosen[i] for i in piece], pad_id,
-                                                                  device)
-            rejected_logps, rejected_tokens, rejected_seen = side_logps(learner.model, [rejected[i] for i in piece],
-                                                                        pad_id, device)
+            logps, scored, piece_seen = bucketed_logps(learner.model, [chosen[i] for i in piece] +
+                                                       [rejected[i] for i in piece], pad_id, device)
+            n = len(piece)
             losses, chosen_rewards, rejected_rewards = preference_loss(
-                stage.method, stage.beta, chosen_logps, rejected_logps, ref_chosen[piece].to(device),
-                ref_rejected[piece].to(device), chosen_tokens, rejected_tokens)
+                stage.method, stage.beta, logps[:n], logps[n:], ref_chosen[piece].to(device),
+                ref_rejected[piece].to(device), scored[:n], scored[n:])
         learner.backward(losses.sum() * shards / step_pairs, last=index == len(pieces) - 1)
         loss_sum += losses.sum().item()
         wins += (chosen_rewards > rejected_rewards).float().sum().item()
         margin_sum += (chosen_rewards - rejected_rewards).sum().item()
-        seen += chosen_seen + rejected_seen
+        seen += piece_seen
     learner.update()
     pairs = len(chosen)
     return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, seen
