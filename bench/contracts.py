@@ -3,8 +3,8 @@
 Times `data_contracts.validate.validate` on a synthetic rollouts dataset shaped like the
 generate stage's (group ids, token masks, rewards), written to parquet and read back as the
 contract gate reads a dataset (masks come back as numpy arrays, not lists), after one untimed
-call on a small frame so GX's import and first-use costs are not counted. No peer: `--runs` runs in a row on a quiet
-machine, the median reported.
+call on a small frame so GX's import and first-use costs are not counted. No peer: `--runs`
+runs in a row on a quiet machine, the median reported.
 
     python -m bench.contracts [--rows 100000] [--runs 3] [--no-wait] [--out bench/results/contracts.json]
 """
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     seconds = args.rows / speeds["median"]
     output = make_result(metric="contract validation throughput", unit="rows/s", ours=speeds["median"],
                          peer=None, peer_name=None,
-                         config={"rows": args.rows, "seconds": round(seconds, 3), "suite": "rollouts", "frame": "read back from parquet, as the contract gate reads it",
+                         config={"rows": args.rows, "seconds": round(seconds, 3), "suite": "rollouts",
+                                 "frame": "read back from parquet, as the contract gate reads it",
                                  "expectations": result.evaluated, "aim": "100,000 rows in under 2 s",
                                  "rows_per_second_runs": speeds,
                                  "repeats": repeats.protocol(args.runs, quiet, one_side=True)})
