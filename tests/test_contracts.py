@@ -1,5 +1,6 @@
 """Each seeded defect fails its suite with a message naming the expectation and the offending ids."""
 
+import json
 import math
 
 import numpy as np
@@ -217,3 +218,12 @@ def test_each_defect_is_quarantined_not_committed(defect, tmp_path):
     quarantined = tmp_path / "store" / "quarantine" / "run-1" / "gen"
     assert (quarantined / "data.parquet").exists() and (quarantined / "contract.html").exists()
     assert not (tmp_path / "store" / "artifacts").exists()
+
+
+def test_a_passing_dataset_has_its_details_when_asked():
+    """A pass asks GX only whether each expectation holds; Data Docs of a passing dataset ask for more."""
+    quick, detailed = validate(sft_rows(), SFT), validate(sft_rows(), SFT, detail=True)
+    assert quick.success and detailed.success and quick.evaluated == detailed.evaluated
+    assert any("observed_value" in (check["result"] or {}) for check in detailed.gx_result["results"])
+    assert not any(check["result"] for check in quick.gx_result["results"])
+    assert "expect_table_row_count_to_be_between" in json.dumps(detailed.gx_result)

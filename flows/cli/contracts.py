@@ -57,7 +57,7 @@ def docs(store, ref, out_dir: str) -> Path:
         raise ContractInputError(f"ref: {ref} is not a dataset checked by a data contract")
     folder = store.fetch(ref, None if store.local else Path(out_dir) / "data")
     params = ContractParams(**{**contract["params"], "reward_range": _pair(contract["params"]["reward_range"])})
-    result = validate(read_parquet(str(Path(folder) / "data.parquet")), params)
+    result = validate(read_parquet(str(Path(folder) / "data.parquet")), params, detail=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "index.html").write_text(data_docs_html(result))
