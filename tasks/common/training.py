@@ -107,7 +107,7 @@ def length_buckets(widths: list[tuple[int, ...]], max_rows: int | None = None,
     order = sorted(range(len(widths)), key=lambda i: (sum(widths[i]), i))
     best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
-        longest = [0] * (len(widths[order[0]]) if widths else 0)
+        longest = [0] * len(widths[0])
         for start in range(end - 1, -1, -1):
             if end - start > (max_rows or SPAN_ROWS):
                 break

@@ -315,9 +315,9 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
     max_length = max(stage.max_tokens, *(len(r.completion_ids) for r in step_rows))  # a multi-turn grpo row is longer
     denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \
         / learner.shards(step_rows)
-    mine = training.shard(step_rows)
+    share = training.shard(step_rows)
     pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device))
-              for rows in learner.buckets(mine, [(len(r.prompt_ids), len(r.completion_ids)) for r in mine])]
+              for rows in learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids)) for r in share])]
     for piece in pieces:
         piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
     totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0}
