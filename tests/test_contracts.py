@@ -128,16 +128,39 @@ def test_masks_that_are_not_numbers_fail_their_rows():
 
 
 def test_mask_totals_vectorised_equal_the_row_by_row_sums():
+    def totals(*masks):
+        trained, env_trained = mask_totals(*masks)
+        return trained.tolist(), None if env_trained is None else env_trained.tolist()
+
     loss = pd.Series([[0, 1, 1], None, [], [True, True], np.array([1, 1, 0])], dtype=object)
     env = pd.Series([[0, 0, 1], [1], [], [False, True], np.array([1, 0, 0])], dtype=object)
-    assert mask_totals(loss) == ([2, 0, 0, 2, 2], None)
-    assert mask_totals(loss, env) == ([2, 0, 0, 2, 2], [1, 0, 0, 1, 1])
+    assert totals(loss) == ([2, 0, 0, 2, 2], None)
+    assert totals(loss, env) == ([2, 0, 0, 2, 2], [1, 0, 0, 1, 1])
     arrays = pd.Series([np.array([0, 1, 1]), None, np.array([1, 1])], dtype=object)
-    assert mask_totals(arrays, pd.Series([np.array([1, 1, 0]), None, np.array([0, 1])], dtype=object)) == (
+    assert totals(arrays, pd.Series([np.array([1, 1, 0]), None, np.array([0, 1])], dtype=object)) == (
         [2, 0, 2], [1, 0, 1])
     ragged = pd.Series([[1, 1, 1], [1]], dtype=object)  # env mask shorter than the loss mask: over the shorter
-    assert mask_totals(ragged, pd.Series([[0, 1], [1, 1]], dtype=object)) == ([3, 1], [1, 1])
-    assert mask_totals(pd.Series([["x"], [1]], dtype=object)) == ([-1, 1], None)
+    assert totals(ragged, pd.Series([[0, 1], [1, 1]], dtype=object)) == ([3, 1], [1, 1])
+    assert totals(pd.Series([["x"], [1]], dtype=object)) == ([-1, 1], None)
+    empty = pd.Series([np.array([], dtype=np.int64), None, np.array([], dtype=np.int64)], dtype=object)
+    assert totals(empty, empty) == ([0, 0, 0], [0, 0, 0])  # no mask values at all
+    trailing = pd.Series([np.array([1, 1]), np.array([], dtype=np.int64)], dtype=object)
+    assert totals(trailing) == ([2, 0], None)  # an empty last row after the values end
+
+
+def test_blank_text_is_what_pythons_whitespace_class_says():
+    """BLANK spells out Python's `\\s` so pandas can run it on Arrow; both engines must agree with `re`."""
+    import re
+
+    from data_contracts.suites import BLANK
+
+    spaces = [chr(code) for code in range(0x110000) if re.fullmatch(r"\s", chr(code))]
+    assert [c for c in map(chr, range(0x110000)) if re.search(BLANK, c)] == spaces
+    texts = ["", " ", "\n\t", "".join(spaces), " a ", "a", "x\n", "\n\u3000", "\u200b", "\x00"]
+    expected = [re.fullmatch(r"\s*", text) is not None for text in texts]
+    for dtype in ("str", object):
+        column = pd.Series(texts, dtype=dtype)
+        assert column.str.contains(BLANK).tolist() == expected, dtype
 
 
 def test_preference_pairs():
