@@ -27,19 +27,27 @@ def fast_decoder(model) -> Decoder | None:
     layer itself, base weight plus adapter, as in its own forward."""
     if model.training:
         return None
+    inner = direct_model(model)
+    return Decoder(inner) if inner is not None else None
+
+
+def direct_model(model):
+    """The transformers model whose layers this module can run as plain torch calls (a PeftModel's
+    base model, its LoRA layers in place), or None: another architecture, other adapters, sliding
+    windows, another activation, or weights sharded by FSDP or DeepSpeed ZeRO-3."""
     if hasattr(model, "peft_config"):
         if any(config.peft_type != "LORA" for config in model.peft_config.values()):
             return None
         if hasattr(model, "get_base_model"):  # a PeftModel; transformers' own adapters sit in the model
             model = model.get_base_model()
-    config = model.config
-    if config.model_type not in SUPPORTED:
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SUPPORTED:
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return None  # sliding-window layers
     if config.hidden_act != "silu" or not _whole_weights(model):
         return None
-    return Decoder(model)
+    return model
 
 
 def _whole_weights(model) -> bool:
@@ -71,22 +79,62 @@ class _Layer:
     up: object
     down: object
 
+    def attention_inputs(self, hidden, cos, sin, shape: Shape):
+        """Queries, keys and values [rows, heads, length, head_dim] of `hidden`, rotated."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        rows, length = hidden.shape[:2]
+        normed = self.attention_norm(hidden)
+        q = self.q(normed).view(rows, length, shape.heads, shape.head_dim)
+        k = self.k(normed).view(rows, length, shape.kv_heads, shape.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v(normed).view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q, k, v
+
+    def output(self, hidden, attended):
+        """The layer's output: `hidden` plus the attention's projection, then plus the MLP's.
+        `attended` is [..., heads × head_dim], shaped as `hidden`."""
+        from torch.nn.functional import silu
+
+        hidden = hidden + self.o(attended)
+        normed = self.mlp_norm(hidden)
+        return hidden + self.down(silu(self.gate(normed)) * self.up(normed))
+
+
+@dataclass
+class Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def scaling(self) -> float:
+        return self.head_dim ** -0.5
+
+
+def layers_of(model) -> list[_Layer]:
+    return [_Layer(layer.input_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                   layer.self_attn.o_proj, getattr(layer.self_attn, "q_norm", None),
+                   getattr(layer.self_attn, "k_norm", None), layer.post_attention_layernorm, layer.mlp.gate_proj,
+                   layer.mlp.up_proj, layer.mlp.down_proj) for layer in model.model.layers]
+
+
+def shape_of(model) -> Shape:
+    config = model.config
+    return Shape(config.num_attention_heads, config.num_key_value_heads, _head_dim(config))
+
 
 class Decoder:
     """Prefill with `start`, then one token a step with `step`; `keep` drops finished rows."""
 
     def __init__(self, model):
-        inner, config = model.model, model.config
+        inner = model.model
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
         self.head = model.lm_head
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = _head_dim(config)
-        self.scaling = self.head_dim ** -0.5
-        self.layers = [_Layer(layer.input_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj,
-                              layer.self_attn.v_proj, layer.self_attn.o_proj,
-                              getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None),
-                              layer.post_attention_layernorm, layer.mlp.gate_proj, layer.mlp.up_proj,
-                              layer.mlp.down_proj) for layer in inner.layers]
+        self.shape = shape_of(model)
+        self.layers = layers_of(model)
         self.keys: list = []
         self.values: list = []
         self.attention = None  # (rows, capacity) bool: which cache columns each row attends to
@@ -100,8 +148,9 @@ class Decoder:
         rows, width = input_ids.shape
         unique, index = _unique_rows(input_ids, attention)
         first = self.embed.weight
-        self.keys = [first.new_zeros(rows, self.kv_heads, capacity, self.head_dim) for _ in self.layers]
-        self.values = [first.new_zeros(rows, self.kv_heads, capacity, self.head_dim) for _ in self.layers]
+        cache = (rows, self.shape.kv_heads, capacity, self.shape.head_dim)
+        self.keys = [first.new_zeros(cache) for _ in self.layers]
+        self.values = [first.new_zeros(cache) for _ in self.layers]
         self.attention = torch.zeros(rows, capacity, dtype=torch.bool, device=input_ids.device)
         self.attention[:, :width] = attention.bool()
         causal = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).tril()
@@ -129,31 +178,23 @@ class Decoder:
     def _forward(self, input_ids, positions, mask, offset: int, expand):
         """The decoder layers over `input_ids` written at cache columns offset..; `expand` maps
         the computed rows to the cache's rows (prefill of shared prompts), None when they are the same."""
-        from torch.nn.functional import scaled_dot_product_attention, silu
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        from torch.nn.functional import scaled_dot_product_attention
 
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
         rows, length = input_ids.shape
         end = offset + length
+        shape = self.shape
         for layer, keys, values in zip(self.layers, self.keys, self.values):
-            normed = layer.attention_norm(hidden)
-            q = layer.q(normed).view(rows, length, self.heads, self.head_dim)
-            k = layer.k(normed).view(rows, length, self.kv_heads, self.head_dim)
-            if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            v = layer.v(normed).view(rows, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k, v = layer.attention_inputs(hidden, cos, sin, shape)
             if expand is None:
                 keys[:, :, offset:end], values[:, :, offset:end] = k, v
                 k, v = keys[:, :, :end], values[:, :, :end]
             else:
                 keys[:, :, offset:end], values[:, :, offset:end] = k[expand], v[expand]
-            attended = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
-                                                    enable_gqa=self.heads != self.kv_heads)
-            hidden = hidden + layer.o(attended.transpose(1, 2).reshape(rows, length, -1))
-            normed = layer.mlp_norm(hidden)
-            hidden = hidden + layer.down(silu(layer.gate(normed)) * layer.up(normed))
+            attended = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=shape.scaling,
+                                                    enable_gqa=shape.heads != shape.kv_heads)
+            hidden = layer.output(hidden, attended.transpose(1, 2).reshape(rows, length, -1))
         return hidden
 
 

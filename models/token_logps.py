@@ -7,6 +7,10 @@ fp32 logits. With gradients on and more than one chunk, each chunk is recomputed
 pass (activation checkpointing), so at most one chunk's logits [chunk, V] live at a time: what
 lets LFM2's 65k vocabulary train on ~1k-token RL rows.
 
+llama and qwen3 (LoRA or not, unwrapped) compute those hidden states through
+models/direct_forward.py instead of their transformers forward: the same arithmetic with the causal
+attention kernel and the last layer only where a loss looks.
+
 Models whose forward does more than `lm_head(hidden)` (logit soft-capping or scaling), and models
 sharded by FSDP or DeepSpeed (their head is not a plain module to take out), take the plain path:
 the forward's logits, sliced to the scored positions.
@@ -33,20 +37,32 @@ def label_logps(model, input_ids, attention_mask, labels, position_ids=None, tem
     targets = labels[:, 1:]
     scored = targets != IGNORE_INDEX
     head = output_head(model)
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    with head_taken_out(model, head):
-        outputs = model(**inputs).logits[:, :-1]  # hidden states when the head is out
+    hidden = _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored)
+    if hidden is None:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        with head_taken_out(model, head):
+            hidden = model(**inputs).logits[:, :-1][scored]  # hidden states when the head is out
     logps = torch.zeros(scored.shape, dtype=torch.float32, device=input_ids.device)
     entropy = torch.zeros_like(logps) if with_entropy else None
     if head is None:
-        chosen, chosen_entropy = _chunk_logps(lambda x: x, outputs[scored], targets[scored], temperature,
-                                              with_entropy)
+        chosen, chosen_entropy = _chunk_logps(lambda x: x, hidden, targets[scored], temperature, with_entropy)
     else:
-        chosen, chosen_entropy = chunked_logps(head, outputs[scored], targets[scored], temperature, with_entropy)
+        chosen, chosen_entropy = chunked_logps(head, hidden, targets[scored], temperature, with_entropy)
     logps[scored] = chosen
     if with_entropy:
         entropy[scored] = chosen_entropy
     return logps, entropy, scored
+
+
+def _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored):
+    """The scored positions' final hidden states through models/direct_forward.py, or None where
+    the model takes its own forward (wrapped by DDP, FSDP or DeepSpeed, or not run directly there)."""
+    from models.direct_forward import scored_hidden, trainable_directly
+
+    if head is None or _unwrapped(model) is not model:
+        return None
+    inner = trainable_directly(model)
+    return scored_hidden(inner, input_ids, attention_mask, position_ids, scored) if inner is not None else None
 
 
 def chunked_logps(head, hidden, targets, temperature: float, with_entropy: bool):

@@ -1,0 +1,101 @@
+"""models/direct_forward.py: the training forward of llama and qwen3 through plain torch calls gives
+the transformers forward's log-probs and gradients, on right-padded rows (SFT, preference) and on
+RL's left-padded prompts followed by right-padded completions, with and without LoRA."""
+
+import pytest
+import torch
+
+from models.direct_forward import scored_hidden, trainable_directly
+from models.losses import IGNORE_INDEX
+from models.token_logps import label_logps
+
+
+def preset(name: str):
+    from transformers import AutoModelForCausalLM
+
+    from models.presets import materialize
+
+    return AutoModelForCausalLM.from_pretrained(str(materialize(name))).train()
+
+
+def right_padded(vocab: int):
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (6, 24), generator=generator)
+    mask = (torch.arange(24)[None] < torch.tensor([24, 20, 13, 24, 9, 17])[:, None]).long()
+    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+    labels[:, :6] = IGNORE_INDEX  # the prompt
+    return ids, mask, labels, None
+
+
+def prompt_then_completion(vocab: int):
+    """As tasks/common/rl_batch.py lays rows out: left-padded prompts, right-padded completions,
+    positions counted over the real tokens."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, vocab, (5, 30), generator=generator)
+    prompt_lengths, completion_lengths = [10, 4, 7, 10, 1], [20, 11, 3, 16, 20]
+    columns = torch.arange(30)
+    prompt_mask = columns[None, :10] >= (10 - torch.tensor(prompt_lengths))[:, None]
+    completion_mask = columns[None, :20] < torch.tensor(completion_lengths)[:, None]
+    mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+    labels[:, :10] = IGNORE_INDEX
+    return ids, mask, labels, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def reference_logps(model, ids, mask, labels, positions):
+    """The transformers forward's full logits, log-softmaxed, at the scored positions."""
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, :-1]
+    targets = labels[:, 1:]
+    scored = targets != IGNORE_INDEX
+    return torch.log_softmax(logits.float(), -1)[scored].gather(-1, targets[scored][:, None])[:, 0]
+
+
+def with_trained_adapter(model, base: str):
+    from models.config import LoraConfig, ModelConfig
+    from models.loading import add_lora
+
+    lora = add_lora(model, ModelConfig(base=base, lora=LoraConfig(r=4)))
+    torch.manual_seed(0)
+    for name, weight in lora.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero (no change); a trained adapter is not
+            weight.data.normal_(0, 0.5)
+    return lora
+
+
+@pytest.mark.parametrize("name, lora", [("tiny-llama", False), ("tiny-qwen3", False), ("tiny-qwen3", True)])
+@pytest.mark.parametrize("rows", [right_padded, prompt_then_completion])
+def test_logps_and_gradients_equal_the_transformers_forward(name, lora, rows):
+    model = preset(name)
+    if lora:
+        model = with_trained_adapter(model, name)
+    assert trainable_directly(model) is not None
+    ids, mask, labels, positions = rows(model.config.vocab_size)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    logps, _, scored = label_logps(model, ids, mask, labels, positions)
+    expected = reference_logps(model, ids, mask, labels, positions)
+    assert logps[scored].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    ours = torch.autograd.grad(logps.sum(), parameters)
+    theirs = torch.autograd.grad(expected.sum(), parameters)
+    for mine, reference in zip(ours, theirs):
+        assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_other_models_and_rows_take_the_transformers_forward():
+    from models.loading import enable_activation_checkpointing
+
+    assert trainable_directly(preset("tiny-lfm2")) is None
+    checkpointed = preset("tiny-llama")
+    enable_activation_checkpointing(checkpointed)
+    assert trainable_directly(checkpointed) is None
+
+    model = preset("tiny-llama")
+    ids, mask, labels, _ = right_padded(model.config.vocab_size)
+    mask[0, 3] = 0  # a hole in a row: no causal kernel can hide it
+    scored = labels[:, 1:] != IGNORE_INDEX
+    assert scored_hidden(model, ids, mask, None, scored) is None
+    logps, _, scored = label_logps(model, ids, mask, labels)  # still right, through transformers
+    assert logps[scored].tolist() == pytest.approx(reference_logps(model, ids, mask, labels, None).tolist(), abs=1e-5)
+    padded_target = torch.zeros_like(scored)
+    padded_target[1, 21] = True  # predicts a padding token
+    assert scored_hidden(model, ids, right_padded(model.config.vocab_size)[1], None, padded_target) is None
