@@ -38,6 +38,10 @@ def cmd_run(args) -> int:
 
     spec, text = open_spec(args.spec)
     store = open_store(args.store or spec.store, spec.storage_options)
+    if spec.workers is None:  # the stages run here: their imports load on the other core meanwhile
+        from tasks.runtime.launch import warm_up
+
+        warm_up()
     api = check_prefect_api()
     if api is None:  # ephemeral: Prefect's temporary API server must not outlive this process
         from flows.cli.reaper import start as start_reaper
@@ -50,9 +54,6 @@ def cmd_run(args) -> int:
     from flows.post_train import INLINE_EVALUATION, post_train, save_spec
     from flows.spec import spec_folder
     from flows.stage_requests import new_run_id
-    from tasks.runtime.launch import warm_up
-
-    warm_up()  # the stages' imports load while Prefect starts
 
     spec_hash = save_spec(store, text)
     run_id = new_run_id(spec.name)
