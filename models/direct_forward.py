@@ -11,6 +11,8 @@ matmul rate), so what this saves is arithmetic and memory traffic, not framework
   so it builds a [B, 1, T, T] mask and takes SDPA's masked path.
 - The last layer's output projection and MLP only at the scored positions (its attention still
   reads every position's keys and values): the prompt and padding columns stop there.
+- `shared_prefix_hidden`: rows that begin alike (a preference pair's prompt, then its chosen and
+  its rejected completion) compute the shared beginning once.
 
 Log-probs equal the transformers forward's within float rounding (tests/test_direct_forward.py).
 Anything else takes the transformers forward: other architectures, gradient checkpointing,
@@ -74,3 +76,59 @@ def _contiguous_start(real):
     columns = torch.arange(real.size(1), device=real.device)
     expected = (columns >= start[:, None]) & (columns < (start + count)[:, None])
     return start if torch.equal(expected, real) else None
+
+
+def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, owner, scored):
+    """Final hidden states [N, H] predicting the scored suffix tokens (`scored` [S, Ls]), in
+    row-major order, for rows that continue a shared prefix: a preference pair's prompt computed
+    once, then its chosen and its rejected completion. `prefixes` [P, Lp] and `suffixes` [S, Ls]
+    are right-padded; suffix row s continues prefix row `owner[s]`. A suffix's first token is
+    predicted from its prefix's last token, the others from the suffix's own positions.
+
+    The prefixes attend causally among themselves; each suffix attends to its prefix's real
+    tokens and causally to itself (an explicit mask). None when the rows do not fit this path."""
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    prefix_real, suffix_real = prefix_mask.bool(), suffix_mask.bool()
+    prefix_lengths = prefix_real.sum(-1)
+    if _contiguous_start(prefix_real) is None or _contiguous_start(suffix_real) is None \
+            or bool(prefix_real[:, 0].logical_not().any()) or bool(suffix_real[:, 0].logical_not().any()) \
+            or bool((scored & ~suffix_real).any()):
+        return None
+    rows, width = suffixes.shape
+    device = suffixes.device
+    shape, layers = shape_of(inner), layers_of(inner)
+    prefix_hidden, suffix_hidden = inner.model.embed_tokens(prefixes), inner.model.embed_tokens(suffixes)
+    prefix_positions = torch.arange(prefixes.size(1), device=device).expand(prefixes.size(0), -1)
+    suffix_positions = prefix_lengths[owner][:, None] + torch.arange(width, device=device)
+    prefix_rotation = inner.model.rotary_emb(prefix_hidden, prefix_positions)
+    suffix_rotation = inner.model.rotary_emb(suffix_hidden, suffix_positions)
+    own = torch.ones(width, width, dtype=torch.bool, device=device).tril() & suffix_real[:, None, :]
+    own |= torch.eye(width, dtype=torch.bool, device=device)  # a padded query sees itself: nothing is NaN
+    mask = torch.cat([prefix_real[owner][:, None, :].expand(-1, width, -1), own], dim=-1)[:, None]
+    gqa = shape.heads != shape.kv_heads
+    for number, layer in enumerate(layers):
+        q, k, v = layer.attention_inputs(prefix_hidden, *prefix_rotation, shape)
+        prefix_attended = scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape.scaling, enable_gqa=gqa)
+        suffix_q, suffix_k, suffix_v = layer.attention_inputs(suffix_hidden, *suffix_rotation, shape)
+        suffix_attended = scaled_dot_product_attention(
+            suffix_q, torch.cat([k[owner], suffix_k], dim=2), torch.cat([v[owner], suffix_v], dim=2),
+            attn_mask=mask, scale=shape.scaling, enable_gqa=gqa)
+        prefix_attended = prefix_attended.transpose(1, 2).reshape(*prefixes.shape, -1)
+        suffix_attended = suffix_attended.transpose(1, 2).reshape(rows, width, -1)
+        if number < len(layers) - 1:
+            prefix_hidden = layer.output(prefix_hidden, prefix_attended)
+            suffix_hidden = layer.output(suffix_hidden, suffix_attended)
+            continue
+        # the last layer, only where a scored token is predicted: each prefix's last position, and
+        # the suffix positions before a scored token
+        last = (torch.arange(prefixes.size(0), device=device), prefix_lengths - 1)
+        prefix_last = layer.output(prefix_hidden[last], prefix_attended[last])
+        inside = scored[:, 1:]
+        firsts = prefix_last[owner][scored[:, 0]]
+        rest = layer.output(suffix_hidden[:, :-1][inside], suffix_attended[:, :-1][inside])
+        keys = torch.arange(rows * width, device=device).view(rows, width)
+        order = torch.cat([keys[:, 0][scored[:, 0]], keys[:, 1:][inside]]).argsort()
+        return inner.model.norm(torch.cat([firsts, rest])[order])
+    return None

@@ -54,6 +54,27 @@ def label_logps(model, input_ids, attention_mask, labels, position_ids=None, tem
     return logps, entropy, scored
 
 
+def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, owner, suffix_labels):
+    """log π of each scored suffix token (`suffix_labels` not IGNORE_INDEX) given its prefix and the
+    suffix before it, each prefix computed once for the suffixes that continue it
+    (models/direct_forward.py: `shared_prefix_hidden`). Returns (logps [S, Ls] fp32, 0 where
+    unscored; scored [S, Ls] bool), or None where the model does not run directly."""
+    import torch
+
+    from models.direct_forward import shared_prefix_hidden, trainable_directly
+
+    head = output_head(model)
+    inner = trainable_directly(model) if head is not None and _unwrapped(model) is model else None
+    scored = suffix_labels != IGNORE_INDEX
+    hidden = shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, owner, scored) \
+        if inner is not None else None
+    if hidden is None:
+        return None
+    logps = torch.zeros(scored.shape, dtype=torch.float32, device=suffixes.device)
+    logps[scored] = chunked_logps(head, hidden, suffix_labels[scored], 1.0, False)[0]
+    return logps, scored
+
+
 def _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored):
     """The scored positions' final hidden states through models/direct_forward.py, or None where
     the model takes its own forward (wrapped by DDP, FSDP or DeepSpeed, or not run directly there)."""

@@ -99,3 +99,63 @@ def test_other_models_and_rows_take_the_transformers_forward():
     padded_target = torch.zeros_like(scored)
     padded_target[1, 21] = True  # predicts a padding token
     assert scored_hidden(model, ids, right_padded(model.config.vocab_size)[1], None, padded_target) is None
+
+
+def preference_sides(vocab: int):
+    """Pairs as the preference stage encodes them: a shared prompt (unscored), then a chosen and a
+    rejected completion of different lengths; one pair whose sides differ inside the prompt."""
+    from tasks.common.encoding import Example
+
+    generator = torch.Generator().manual_seed(2)
+
+    def tokens(n):
+        return torch.randint(5, vocab, (n,), generator=generator).tolist()
+
+    def side(prompt, completion):
+        return Example(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion, False)
+
+    chosen, rejected = [], []
+    for prompt_length, chosen_length, rejected_length in [(9, 12, 30), (4, 7, 7), (14, 3, 21)]:
+        prompt = tokens(prompt_length)
+        chosen.append(side(prompt, tokens(chosen_length)))
+        rejected.append(side(prompt, tokens(rejected_length)))
+    prompt = tokens(6)
+    chosen.append(side(prompt, tokens(5)))
+    rejected.append(side(prompt[:3] + tokens(3), tokens(8)))  # shares 3 of its 6 prompt tokens
+    return chosen, rejected
+
+
+@pytest.mark.parametrize("name, lora", [("tiny-llama", False), ("tiny-qwen3", True)])
+def test_a_pairs_shared_prompt_once_gives_both_sides_whole(name, lora):
+    from tasks.stages.preference import bucketed_logps, shared_length, shared_prompt_logps
+
+    model = preset(name)
+    if lora:
+        model = with_trained_adapter(model, name)
+    chosen, rejected = preference_sides(model.config.vocab_size)
+    split = [shared_length(c, r) for c, r in zip(chosen, rejected)]
+    assert split == [9, 4, 14, 3]
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    logps, scored, seen = shared_prompt_logps(model, chosen, rejected, split, 0, "cpu")
+    whole, whole_scored, whole_seen = bucketed_logps(model, chosen + rejected, 0, "cpu")
+    assert seen == whole_seen - sum(split)  # each prompt once
+    assert scored.tolist() == whole_scored.tolist()
+    assert logps.tolist() == pytest.approx(whole.tolist(), abs=1e-4)
+    ours = torch.autograd.grad((logps * torch.arange(1.0, 9.0)).sum(), parameters)
+    theirs = torch.autograd.grad((whole * torch.arange(1.0, 9.0)).sum(), parameters)
+    for mine, reference in zip(ours, theirs):
+        assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_pairs_share_their_prompt_where_that_pads_less():
+    from tasks.common.encoding import Example
+    from tasks.stages.preference import pair_logps
+
+    model = preset("tiny-llama")
+    prompt, answer = list(range(5, 45)), list(range(50, 80))
+    alike = [Example(prompt + answer, [IGNORE_INDEX] * 40 + answer, False)] * 4
+    assert pair_logps(model, alike, alike, 0, "cpu")[2] == 4 * 40 + 8 * 30  # prompts once
+    looping = [Example(prompt + answer * 8, [IGNORE_INDEX] * 40 + answer * 8, False)]
+    short = [Example(prompt[:4] + answer, [IGNORE_INDEX] * 4 + answer, False)] * 4
+    # one 280-token rejected side would pad four 30-token chosen ones: both sides whole instead
+    assert pair_logps(model, short, short[:3] + looping, 0, "cpu")[2] == 4 * 34 + 3 * 34 + 40 + 240

@@ -21,15 +21,16 @@ from pydantic import Field
 
 from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
-from models.losses import preference_loss
-from models.token_logps import label_logps
+from models.losses import IGNORE_INDEX, preference_loss
+from models.token_logps import label_logps, shared_prefix_logps
 from models.sampling import chat_prompt
 from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
-from tasks.common.training import Learner, length_buckets, mixed_batch_indices, start_training, total_steps
+from tasks.common.training import (PIECE_OVERHEAD_TOKENS, Learner, length_buckets, mixed_batch_indices,
+                                   start_training, total_steps)
 from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
 
 
@@ -159,6 +160,66 @@ def bucketed_logps(model, examples: list[Example], pad_id: int, device):
             sum(seen for _, _, seen in parts))
 
 
+def pair_logps(model, chosen: list[Example], rejected: list[Example], pad_id: int, device):
+    """Summed completion log-probs and completion token counts of a micro-batch's pairs (chosen
+    rows first), and the non-pad tokens processed. Each pair's shared prompt goes through the model
+    once (`shared_prompt_logps`) where that pads less than both sides whole in length buckets (a
+    looping rejected side would pad every chosen one to its length) and the model runs directly;
+    otherwise both sides whole, in length buckets."""
+    split = [shared_length(c, r) for c, r in zip(chosen, rejected)]
+    if min(split, default=0) >= 1 and all(len(e.input_ids) > n for e, n in zip(chosen + rejected, split + split)) \
+            and _shared_cost(chosen, rejected, split) < _bucketed_cost(chosen + rejected):
+        result = shared_prompt_logps(model, chosen, rejected, split, pad_id, device)
+        if result is not None:
+            return result
+    return bucketed_logps(model, chosen + rejected, pad_id, device)
+
+
+def shared_prompt_logps(model, chosen: list[Example], rejected: list[Example], split: list[int], pad_id: int,
+                        device):
+    """As `pair_logps`, each pair's first `split` tokens (its prompt, in both sides) computed once;
+    None where the model does not run directly (models/direct_forward.py)."""
+    import torch
+
+    prefixes, prefix_mask, _ = collate([Example(c.input_ids[:n], [IGNORE_INDEX] * n, False)
+                                        for c, n in zip(chosen, split)], pad_id, device)
+    suffixes, suffix_mask, labels = collate([Example(e.input_ids[n:], e.labels[n:], e.truncated)
+                                             for e, n in zip(chosen + rejected, split + split)], pad_id, device)
+    owner = torch.arange(len(chosen), device=device).repeat(2)
+    result = shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, owner, labels)
+    if result is None:
+        return None
+    logps, scored = result
+    return logps.sum(-1), scored.sum(-1), int(prefix_mask.sum() + suffix_mask.sum())
+
+
+def _shared_cost(chosen: list[Example], rejected: list[Example], split: list[int]) -> int:
+    """Tokens through the model, padding included, with each pair's prompt once (one call)."""
+    suffixes = [len(e.input_ids) - n for e, n in zip(chosen + rejected, split + split)]
+    return len(chosen) * max(split) + len(suffixes) * max(suffixes) + PIECE_OVERHEAD_TOKENS
+
+
+def _bucketed_cost(examples: list[Example]) -> int:
+    """The same for whole sequences in length buckets (`bucketed_logps`)."""
+    lengths = [len(e.input_ids) for e in examples]
+    buckets = length_buckets([(n,) for n in lengths])
+    return sum(len(bucket) * max(lengths[i] for i in bucket) + PIECE_OVERHEAD_TOKENS for bucket in buckets)
+
+
+def shared_length(chosen: Example, rejected: Example) -> int:
+    """The tokens both sides of a pair begin with before either's first scored token: its prompt."""
+    limit = min(_first_scored(chosen), _first_scored(rejected))
+    for index, (a, b) in enumerate(zip(chosen.input_ids[:limit], rejected.input_ids[:limit])):
+        if a != b:
+            return index
+    return min(limit, len(chosen.input_ids), len(rejected.input_ids))
+
+
+def _first_scored(example: Example) -> int:
+    return next((t for t, label in enumerate(example.labels) if t >= 1 and label != IGNORE_INDEX),
+                len(example.labels))
+
+
 def reference_logps(model, examples: list[Example], pad_id: int, device) -> list[float]:
     import torch
 
@@ -188,8 +249,8 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
     pieces = learner.pieces(list(range(len(chosen))))
     for index, piece in enumerate(pieces):
         with learner.accelerator.autocast():
-            logps, scored, piece_seen = bucketed_logps(learner.model, [chosen[i] for i in piece] +
-                                                       [rejected[i] for i in piece], pad_id, device)
+            logps, scored, piece_seen = pair_logps(learner.model, [chosen[i] for i in piece],
+                                                   [rejected[i] for i in piece], pad_id, device)
             n = len(piece)
             losses, chosen_rewards, rejected_rewards = preference_loss(
                 stage.method, stage.beta, logps[:n], logps[n:], ref_chosen[piece].to(device),
