@@ -81,15 +81,20 @@ class _Layer:
 
     def attention_inputs(self, hidden, cos, sin, shape: Shape):
         """Queries, keys and values [rows, heads, length, head_dim] of `hidden`, rotated."""
+        normed = self.attention_norm(hidden)
+        return self.heads(self.q(normed), self.k(normed), self.v(normed), hidden.shape[:2], cos, sin, shape)
+
+    def heads(self, q, k, v, rows_length, cos, sin, shape: Shape):
+        """Projected queries, keys and values (any leading shape holding rows × length tokens) as
+        [rows, heads, length, head_dim], normed per head (qwen3) and rotated."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        rows, length = hidden.shape[:2]
-        normed = self.attention_norm(hidden)
-        q = self.q(normed).view(rows, length, shape.heads, shape.head_dim)
-        k = self.k(normed).view(rows, length, shape.kv_heads, shape.head_dim)
+        rows, length = rows_length
+        q = q.reshape(rows, length, shape.heads, shape.head_dim)
+        k = k.reshape(rows, length, shape.kv_heads, shape.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v(normed).view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
+        v = v.reshape(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q, k, v
 

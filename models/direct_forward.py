@@ -99,36 +99,36 @@ def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, ow
     rows, width = suffixes.shape
     device = suffixes.device
     shape, layers = shape_of(inner), layers_of(inner)
-    prefix_hidden, suffix_hidden = inner.model.embed_tokens(prefixes), inner.model.embed_tokens(suffixes)
+    # every token in one flat [tokens, H] matrix, prefixes' first: the projections and the MLP run
+    # as one matmul each (two half-size ones are slower); only attention sees the two shapes
+    split = prefixes.numel()
+    hidden = inner.model.embed_tokens(torch.cat([prefixes.flatten(), suffixes.flatten()]))
     prefix_positions = torch.arange(prefixes.size(1), device=device).expand(prefixes.size(0), -1)
     suffix_positions = prefix_lengths[owner][:, None] + torch.arange(width, device=device)
-    prefix_rotation = inner.model.rotary_emb(prefix_hidden, prefix_positions)
-    suffix_rotation = inner.model.rotary_emb(suffix_hidden, suffix_positions)
+    prefix_rotation = inner.model.rotary_emb(hidden, prefix_positions)
+    suffix_rotation = inner.model.rotary_emb(hidden, suffix_positions)
     own = torch.ones(width, width, dtype=torch.bool, device=device).tril() & suffix_real[:, None, :]
     own |= torch.eye(width, dtype=torch.bool, device=device)  # a padded query sees itself: nothing is NaN
     mask = torch.cat([prefix_real[owner][:, None, :].expand(-1, width, -1), own], dim=-1)[:, None]
+    # the flat position whose output predicts each suffix token: its prefix's last token for the
+    # first, the suffix's own previous token for the others
+    predictors = split + torch.arange(rows * width, device=device).view(rows, width) - 1
+    predictors[:, 0] = owner * prefixes.size(1) + prefix_lengths[owner] - 1
+    wanted = predictors[scored]
     gqa = shape.heads != shape.kv_heads
     for number, layer in enumerate(layers):
-        q, k, v = layer.attention_inputs(prefix_hidden, *prefix_rotation, shape)
+        normed = layer.attention_norm(hidden)
+        projected = (layer.q(normed), layer.k(normed), layer.v(normed))
+        q, k, v = layer.heads(*(x[:split] for x in projected), prefixes.shape, *prefix_rotation, shape)
+        suffix_q, suffix_k, suffix_v = layer.heads(*(x[split:] for x in projected), suffixes.shape,
+                                                   *suffix_rotation, shape)
         prefix_attended = scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape.scaling, enable_gqa=gqa)
-        suffix_q, suffix_k, suffix_v = layer.attention_inputs(suffix_hidden, *suffix_rotation, shape)
         suffix_attended = scaled_dot_product_attention(
             suffix_q, torch.cat([k[owner], suffix_k], dim=2), torch.cat([v[owner], suffix_v], dim=2),
             attn_mask=mask, scale=shape.scaling, enable_gqa=gqa)
-        prefix_attended = prefix_attended.transpose(1, 2).reshape(*prefixes.shape, -1)
-        suffix_attended = suffix_attended.transpose(1, 2).reshape(rows, width, -1)
-        if number < len(layers) - 1:
-            prefix_hidden = layer.output(prefix_hidden, prefix_attended)
-            suffix_hidden = layer.output(suffix_hidden, suffix_attended)
-            continue
-        # the last layer, only where a scored token is predicted: each prefix's last position, and
-        # the suffix positions before a scored token
-        last = (torch.arange(prefixes.size(0), device=device), prefix_lengths - 1)
-        prefix_last = layer.output(prefix_hidden[last], prefix_attended[last])
-        inside = scored[:, 1:]
-        firsts = prefix_last[owner][scored[:, 0]]
-        rest = layer.output(suffix_hidden[:, :-1][inside], suffix_attended[:, :-1][inside])
-        keys = torch.arange(rows * width, device=device).view(rows, width)
-        order = torch.cat([keys[:, 0][scored[:, 0]], keys[:, 1:][inside]]).argsort()
-        return inner.model.norm(torch.cat([firsts, rest])[order])
+        attended = torch.cat([prefix_attended.transpose(1, 2).reshape(split, -1),
+                              suffix_attended.transpose(1, 2).reshape(rows * width, -1)])
+        if number == len(layers) - 1:  # only where a scored token is predicted
+            return inner.model.norm(layer.output(hidden[wanted], attended[wanted]))
+        hidden = layer.output(hidden, attended)
     return None
