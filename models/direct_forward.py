@@ -78,6 +78,11 @@ def _contiguous_start(real):
     return start if torch.equal(expected, real) else None
 
 
+def _right_padded(real) -> bool:
+    """Whether every row's real tokens start at column 0 and run without a gap."""
+    return bool(real[:, 0].all()) and _contiguous_start(real) is not None
+
+
 def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, owner, scored):
     """Final hidden states [N, H] predicting the scored suffix tokens (`scored` [S, Ls]), in
     row-major order, for rows that continue a shared prefix: a preference pair's prompt computed
@@ -92,9 +97,7 @@ def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, ow
 
     prefix_real, suffix_real = prefix_mask.bool(), suffix_mask.bool()
     prefix_lengths = prefix_real.sum(-1)
-    if _contiguous_start(prefix_real) is None or _contiguous_start(suffix_real) is None \
-            or bool(prefix_real[:, 0].logical_not().any()) or bool(suffix_real[:, 0].logical_not().any()) \
-            or bool((scored & ~suffix_real).any()):
+    if not _right_padded(prefix_real) or not _right_padded(suffix_real) or bool((scored & ~suffix_real).any()):
         return None
     rows, width = suffixes.shape
     device = suffixes.device

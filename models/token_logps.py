@@ -61,10 +61,10 @@ def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, own
     unscored; scored [S, Ls] bool), or None where the model does not run directly."""
     import torch
 
-    from models.direct_forward import shared_prefix_hidden, trainable_directly
+    from models.direct_forward import shared_prefix_hidden
 
     head = output_head(model)
-    inner = trainable_directly(model) if head is not None and _unwrapped(model) is model else None
+    inner = _run_directly(model, head)
     scored = suffix_labels != IGNORE_INDEX
     hidden = shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, owner, scored) \
         if inner is not None else None
@@ -77,13 +77,21 @@ def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, own
 
 def _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored):
     """The scored positions' final hidden states through models/direct_forward.py, or None where
-    the model takes its own forward (wrapped by DDP, FSDP or DeepSpeed, or not run directly there)."""
-    from models.direct_forward import scored_hidden, trainable_directly
+    the model takes its own forward."""
+    from models.direct_forward import scored_hidden
+
+    inner = _run_directly(model, head)
+    return scored_hidden(inner, input_ids, attention_mask, position_ids, scored) if inner is not None else None
+
+
+def _run_directly(model, head):
+    """The transformers model models/direct_forward.py runs in `model`'s place, or None: no plain
+    head to apply, wrapped by DDP, FSDP or DeepSpeed, or not an architecture run directly there."""
+    from models.direct_forward import trainable_directly
 
     if head is None or _unwrapped(model) is not model:
         return None
-    inner = trainable_directly(model)
-    return scored_hidden(inner, input_ids, attention_mask, position_ids, scored) if inner is not None else None
+    return trainable_directly(model)
 
 
 def chunked_logps(head, hidden, targets, temperature: float, with_entropy: bool):
