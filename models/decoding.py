@@ -151,7 +151,7 @@ class Decoder:
         import torch
 
         rows, width = input_ids.shape
-        unique, index = _unique_rows(input_ids, attention)
+        unique, index = unique_rows(input_ids, attention)
         first = self.embed.weight
         cache = (rows, self.shape.kv_heads, capacity, self.shape.head_dim)
         self.keys = [first.new_zeros(cache) for _ in self.layers]
@@ -203,7 +203,7 @@ class Decoder:
         return hidden
 
 
-def _unique_rows(input_ids, attention):
+def unique_rows(input_ids, attention):
     """(indices of the first row of each distinct prompt, for every row the index of its prompt
     among those): a group's samples share one prefill."""
     import torch

@@ -42,29 +42,60 @@ def scored_hidden(inner, input_ids, attention_mask, position_ids, scored):
     from torch.nn.functional import scaled_dot_product_attention
 
     rows, length = input_ids.shape
+    device = input_ids.device
     real = attention_mask.bool()
     shift = _contiguous_start(real)
     if shift is None or not bool((~scored | (real[:, :-1] & real[:, 1:])).all()):
         return None
     if position_ids is None:  # transformers numbers a training batch's columns 0..T-1
-        position_ids = torch.arange(length, device=input_ids.device).expand(rows, -1)
+        position_ids = torch.arange(length, device=device).expand(rows, -1)
     if bool(shift.any()):
-        index = (torch.arange(length, device=input_ids.device) + shift[:, None]) % length
+        index = (torch.arange(length, device=device) + shift[:, None]) % length
         input_ids, position_ids = input_ids.gather(1, index), position_ids.gather(1, index)
         scored = torch.cat([scored, scored.new_zeros(rows, 1)], dim=1).gather(1, index)[:, :-1]
-    hidden = inner.model.embed_tokens(input_ids)
+        real = real.gather(1, index)
+    slots = real.flatten().nonzero()[:, 0]
+    hidden = inner.model.embed_tokens(input_ids.flatten()[slots])
     cos, sin = inner.model.rotary_emb(hidden, position_ids)
     shape = shape_of(inner)
-    layers = layers_of(inner)
-    for number, layer in enumerate(layers):
-        q, k, v = layer.attention_inputs(hidden, cos, sin, shape)
+
+    def attend(layer, projected):
+        q, k, v = layer.heads(*(_padded(x, slots, rows * length) for x in projected), (rows, length), cos, sin, shape)
         attended = scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape.scaling,
                                                 enable_gqa=shape.heads != shape.kv_heads)
-        attended = attended.transpose(1, 2).reshape(rows, length, -1)
-        if number == len(layers) - 1:  # only the scored positions' outputs are read
-            return inner.model.norm(layer.output(hidden[:, :-1][scored], attended[:, :-1][scored]))
+        return attended.transpose(1, 2).flatten(0, 1).flatten(1)[slots]
+
+    return _packed_layers(inner, hidden, attend, _flat_index(slots, real.shape)[:, :-1][scored])
+
+
+def _packed_layers(inner, hidden, attend, wanted):
+    """The decoder layers over real tokens only, flat [tokens, H]: the projections and the MLP see
+    no padding (where most of the arithmetic is); `attend(layer, (q, k, v))` does the attention
+    over whatever padded layout it needs. Returns the final normed hidden states of the tokens
+    `wanted` (flat indices): the last layer computes its output only there."""
+    layers = layers_of(inner)
+    for number, layer in enumerate(layers):
+        normed = layer.attention_norm(hidden)
+        attended = attend(layer, (layer.q(normed), layer.k(normed), layer.v(normed)))
+        if number == len(layers) - 1:
+            return inner.model.norm(layer.output(hidden[wanted], attended[wanted]))
         hidden = layer.output(hidden, attended)
     return None
+
+
+def _padded(flat, slots, size: int):
+    """Flat rows [n, D] placed at `slots` of a zero [size, D] matrix (the padded layout, row-major)."""
+    return flat.new_zeros(size, flat.size(-1)).index_copy(0, slots, flat)
+
+
+def _flat_index(slots, shape, offset: int = 0):
+    """[rows, length]: each padded position's index among the flat tokens (`offset` + its rank in
+    `slots`), -1 on padding."""
+    import torch
+
+    index = torch.full((shape.numel(),), -1, dtype=torch.long, device=slots.device)
+    index[slots] = offset + torch.arange(len(slots), device=slots.device)
+    return index.view(shape)
 
 
 def _contiguous_start(real):
@@ -85,27 +116,29 @@ def _right_padded(real) -> bool:
 
 def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, owner, scored):
     """Final hidden states [N, H] predicting the scored suffix tokens (`scored` [S, Ls]), in
-    row-major order, for rows that continue a shared prefix: a preference pair's prompt computed
-    once, then its chosen and its rejected completion. `prefixes` [P, Lp] and `suffixes` [S, Ls]
-    are right-padded; suffix row s continues prefix row `owner[s]`. A suffix's first token is
+    row-major order, for rows that continue a shared prefix: a preference pair's prompt, or an RL
+    group's, computed once, then each completion. `prefixes` [P, Lp] and `suffixes` [S, Ls] are
+    right-padded; suffix row s continues prefix row `owner[s]`. A suffix's first token is
     predicted from its prefix's last token, the others from the suffix's own positions.
 
-    The prefixes attend causally among themselves; each suffix attends to its prefix's real
-    tokens and causally to itself (an explicit mask). None when the rows do not fit this path."""
+    Only real tokens go through the projections and the MLP, all in one flat [tokens, H] matrix
+    (two half-size matmuls are slower than one; padding there would be arithmetic for nothing).
+    Attention alone sees the padded rows: the prefixes attend causally among themselves; each
+    suffix attends to its prefix's real tokens and causally to itself (an explicit mask). None
+    when the rows do not fit this path."""
     import torch
     from torch.nn.functional import scaled_dot_product_attention
 
     prefix_real, suffix_real = prefix_mask.bool(), suffix_mask.bool()
-    prefix_lengths = prefix_real.sum(-1)
     if not _right_padded(prefix_real) or not _right_padded(suffix_real) or bool((scored & ~suffix_real).any()):
         return None
     rows, width = suffixes.shape
     device = suffixes.device
-    shape, layers = shape_of(inner), layers_of(inner)
-    # every token in one flat [tokens, H] matrix, prefixes' first: the projections and the MLP run
-    # as one matmul each (two half-size ones are slower); only attention sees the two shapes
-    split = prefixes.numel()
-    hidden = inner.model.embed_tokens(torch.cat([prefixes.flatten(), suffixes.flatten()]))
+    shape = shape_of(inner)
+    prefix_lengths = prefix_real.sum(-1)
+    prefix_slots, suffix_slots = prefix_real.flatten().nonzero()[:, 0], suffix_real.flatten().nonzero()[:, 0]
+    split = len(prefix_slots)  # flat tokens: the prefixes' real ones, then the suffixes'
+    hidden = inner.model.embed_tokens(torch.cat([prefixes.flatten()[prefix_slots], suffixes.flatten()[suffix_slots]]))
     prefix_positions = torch.arange(prefixes.size(1), device=device).expand(prefixes.size(0), -1)
     suffix_positions = prefix_lengths[owner][:, None] + torch.arange(width, device=device)
     prefix_rotation = inner.model.rotary_emb(hidden, prefix_positions)
@@ -113,25 +146,28 @@ def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, ow
     own = torch.ones(width, width, dtype=torch.bool, device=device).tril() & suffix_real[:, None, :]
     own |= torch.eye(width, dtype=torch.bool, device=device)  # a padded query sees itself: nothing is NaN
     mask = torch.cat([prefix_real[owner][:, None, :].expand(-1, width, -1), own], dim=-1)[:, None]
-    # the flat position whose output predicts each suffix token: its prefix's last token for the
-    # first, the suffix's own previous token for the others
-    predictors = split + torch.arange(rows * width, device=device).view(rows, width) - 1
-    predictors[:, 0] = owner * prefixes.size(1) + prefix_lengths[owner] - 1
-    wanted = predictors[scored]
+    wanted = _predictors(prefix_slots, suffix_slots, prefixes.shape, suffixes.shape, prefix_lengths, owner)[scored]
     gqa = shape.heads != shape.kv_heads
-    for number, layer in enumerate(layers):
-        normed = layer.attention_norm(hidden)
-        projected = (layer.q(normed), layer.k(normed), layer.v(normed))
-        q, k, v = layer.heads(*(x[:split] for x in projected), prefixes.shape, *prefix_rotation, shape)
-        suffix_q, suffix_k, suffix_v = layer.heads(*(x[split:] for x in projected), suffixes.shape,
-                                                   *suffix_rotation, shape)
+
+    def attend(layer, projected):
+        q, k, v = layer.heads(*(_padded(x[:split], prefix_slots, prefixes.numel()) for x in projected),
+                              prefixes.shape, *prefix_rotation, shape)
+        suffix_q, suffix_k, suffix_v = layer.heads(*(_padded(x[split:], suffix_slots, suffixes.numel())
+                                                     for x in projected), suffixes.shape, *suffix_rotation, shape)
         prefix_attended = scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape.scaling, enable_gqa=gqa)
         suffix_attended = scaled_dot_product_attention(
             suffix_q, torch.cat([k[owner], suffix_k], dim=2), torch.cat([v[owner], suffix_v], dim=2),
             attn_mask=mask, scale=shape.scaling, enable_gqa=gqa)
-        attended = torch.cat([prefix_attended.transpose(1, 2).reshape(split, -1),
-                              suffix_attended.transpose(1, 2).reshape(rows * width, -1)])
-        if number == len(layers) - 1:  # only where a scored token is predicted
-            return inner.model.norm(layer.output(hidden[wanted], attended[wanted]))
-        hidden = layer.output(hidden, attended)
-    return None
+        return torch.cat([prefix_attended.transpose(1, 2).flatten(0, 1).flatten(1)[prefix_slots],
+                          suffix_attended.transpose(1, 2).flatten(0, 1).flatten(1)[suffix_slots]])
+
+    return _packed_layers(inner, hidden, attend, wanted)
+
+
+def _predictors(prefix_slots, suffix_slots, prefix_shape, suffix_shape, prefix_lengths, owner):
+    """[S, Ls]: the flat token whose output predicts each suffix token: its prefix's last token
+    for the first, the suffix's own previous token for the others (real, as rows are right-padded)."""
+    predictors = _flat_index(suffix_slots, suffix_shape, len(prefix_slots)).roll(1, dims=1)
+    predictors[:, 0] = _flat_index(prefix_slots, prefix_shape).flatten()[owner * prefix_shape[1]
+                                                                          + prefix_lengths[owner] - 1]
+    return predictors

@@ -32,7 +32,6 @@ def label_logps(model, input_ids, attention_mask, labels, position_ids=None, tem
     Returns (logps [B, T-1] fp32, 0 where nothing is scored; entropy [B, T-1] of the same
     distribution without gradient, or None; scored [B, T-1] bool).
     """
-    import torch
 
     targets = labels[:, 1:]
     scored = targets != IGNORE_INDEX
@@ -42,24 +41,20 @@ def label_logps(model, input_ids, attention_mask, labels, position_ids=None, tem
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         with head_taken_out(model, head):
             hidden = model(**inputs).logits[:, :-1][scored]  # hidden states when the head is out
-    logps = torch.zeros(scored.shape, dtype=torch.float32, device=input_ids.device)
-    entropy = torch.zeros_like(logps) if with_entropy else None
     if head is None:
-        chosen, chosen_entropy = _chunk_logps(lambda x: x, hidden, targets[scored], temperature, with_entropy)
+        chosen = _chunk_logps(lambda x: x, hidden, targets[scored], temperature, with_entropy)
     else:
-        chosen, chosen_entropy = chunked_logps(head, hidden, targets[scored], temperature, with_entropy)
-    logps[scored] = chosen
-    if with_entropy:
-        entropy[scored] = chosen_entropy
-    return logps, entropy, scored
+        chosen = chunked_logps(head, hidden, targets[scored], temperature, with_entropy)
+    return (*_placed(scored, *chosen), scored)
 
 
-def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, owner, suffix_labels):
-    """log π of each scored suffix token (`suffix_labels` not IGNORE_INDEX) given its prefix and the
-    suffix before it, each prefix computed once for the suffixes that continue it
-    (models/direct_forward.py: `shared_prefix_hidden`). Returns (logps [S, Ls] fp32, 0 where
-    unscored; scored [S, Ls] bool), or None where the model does not run directly."""
-    import torch
+def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, owner, suffix_labels,
+                        temperature: float = 1.0, with_entropy: bool = False):
+    """log π of each scored suffix token (`suffix_labels` not IGNORE_INDEX), temperature-scaled,
+    given its prefix and the suffix before it, each prefix computed once for the suffixes that
+    continue it (models/direct_forward.py: `shared_prefix_hidden`). Returns (logps [S, Ls] fp32, 0
+    where unscored; entropy [S, Ls] without gradient, or None; scored [S, Ls] bool), as
+    `label_logps` does over the suffix columns; None where the model does not run directly."""
 
     from models.direct_forward import shared_prefix_hidden
 
@@ -70,9 +65,21 @@ def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, own
         if inner is not None else None
     if hidden is None:
         return None
-    logps = torch.zeros(scored.shape, dtype=torch.float32, device=suffixes.device)
-    logps[scored] = chunked_logps(head, hidden, suffix_labels[scored], 1.0, False)[0]
-    return logps, scored
+    return (*_placed(scored, *chunked_logps(head, hidden, suffix_labels[scored], temperature, with_entropy)),
+            scored)
+
+
+def _placed(scored, chosen, chosen_entropy):
+    """The scored positions' log-probs (and entropies, or None) placed in [rows, columns] tensors, 0 elsewhere."""
+    import torch
+
+    logps = torch.zeros(scored.shape, dtype=torch.float32, device=scored.device)
+    logps[scored] = chosen
+    if chosen_entropy is None:
+        return logps, None
+    entropy = torch.zeros_like(logps)
+    entropy[scored] = chosen_entropy
+    return logps, entropy
 
 
 def _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored):
@@ -111,7 +118,8 @@ def chunked_logps(head, hidden, targets, temperature: float, with_entropy: bool)
         logps.append(chosen)
         entropies.append(entropy)
     if not logps:
-        return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32)
+        nothing = hidden.new_zeros(0, dtype=torch.float32)
+        return nothing, nothing if with_entropy else None
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
 

@@ -159,3 +159,35 @@ def test_pairs_share_their_prompt_where_that_pads_less():
     short = [Example(prompt[:4] + answer, [IGNORE_INDEX] * 4 + answer, False)] * 4
     # one 280-token rejected side would pad four 30-token chosen ones: both sides whole instead
     assert pair_logps(model, short, short[:3] + looping, 0, "cpu")[2] == 4 * 34 + 3 * 34 + 40 + 240
+
+
+@pytest.mark.parametrize("name, lora", [("tiny-llama", False), ("tiny-qwen3", True)])
+def test_an_rl_groups_prompt_once_gives_every_completion_whole(name, lora):
+    """RL rows as tasks/common/rl_batch.py pads them (left-padded prompts, a group's samples
+    sharing theirs; right-padded completions): each distinct prompt computed once gives the
+    log-probs, entropies and gradients of every row whole, temperature-scaled."""
+    from tasks.common.rl_batch import Row, padded_rows, shared_prompt_logps
+
+    model = preset(name)
+    if lora:
+        model = with_trained_adapter(model, name)
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(5, model.config.vocab_size, (n,), generator=generator).tolist() for n in (7, 3, 11)]
+    rows = [Row(prompts[group], torch.randint(5, model.config.vocab_size, (n,), generator=generator).tolist(),
+                [1] * n, 0.0) for group, n in [(0, 9), (0, 2), (1, 14), (1, 5), (1, 1), (2, 6)]]
+    prompt, prompt_mask, completion, completion_mask, _ = padded_rows(rows, 0, "cpu")
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    logps, entropy = shared_prompt_logps(model, prompt, prompt_mask, completion, completion_mask, 0.7, True)
+    ids, mask = torch.cat([prompt, completion], 1), torch.cat([prompt_mask, completion_mask], 1)
+    labels = torch.cat([torch.full_like(prompt, IGNORE_INDEX), completion.masked_fill(completion_mask == 0,
+                                                                                      IGNORE_INDEX)], 1)
+    whole, whole_entropy, _ = label_logps(model, ids, mask, labels, (mask.cumsum(-1) - 1).clamp(min=0), 0.7, True)
+    start = prompt.size(1) - 1
+    assert torch.allclose(logps, whole[:, start:], atol=1e-5)
+    assert torch.allclose(entropy, whole_entropy[:, start:], atol=1e-5)
+    weights = torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)
+    ours = torch.autograd.grad((logps * weights).sum(), parameters)
+    theirs = torch.autograd.grad((whole[:, start:] * weights).sum(), parameters)
+    for mine, reference in zip(ours, theirs):
+        assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)

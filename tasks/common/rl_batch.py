@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.losses import IGNORE_INDEX
-from models.token_logps import label_logps
+from models.token_logps import label_logps, shared_prefix_logps
 from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, step_advantages
 from models.sampling import left_padded
 
@@ -98,8 +98,13 @@ def completion_logps(model, prompt, prompt_mask, completion, completion_mask, te
                      with_entropy: bool = False):
     """Per-token log-probs [B, T] of the completion under the temperature-scaled policy (0 on
     padding), and the per-token entropy of that distribution, without gradient, when asked. Logits
-    only at the completion's positions, in chunks (models/token_logps.py)."""
+    only at the completion's positions, in chunks (models/token_logps.py). Where the model runs
+    directly, each distinct prompt (a group's) goes through it once (`shared_prompt_logps`)."""
     import torch
+
+    shared = shared_prompt_logps(model, prompt, prompt_mask, completion, completion_mask, temperature, with_entropy)
+    if shared is not None:
+        return shared
 
     ids = torch.cat([prompt, completion], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -109,3 +114,27 @@ def completion_logps(model, prompt, prompt_mask, completion, completion_mask, te
     logps, entropy, _ = label_logps(model, ids, mask, labels, positions, temperature, with_entropy)
     start = prompt.size(1) - 1  # the position that predicts the completion's first token
     return logps[:, start:], entropy[:, start:] if entropy is not None else None
+
+
+def shared_prompt_logps(model, prompt, prompt_mask, completion, completion_mask, temperature: float,
+                        with_entropy: bool):
+    """As `completion_logps`, each distinct prompt computed once for the completions that continue
+    it, and no padding through the projections and MLP (models/direct_forward.py:
+    `shared_prefix_hidden`); None where the model does not run directly."""
+    from models.decoding import unique_rows
+
+    first, owner = unique_rows(prompt, prompt_mask)
+    prefixes, prefix_mask = right_aligned(prompt[first], prompt_mask[first])
+    labels = completion.masked_fill(completion_mask == 0, IGNORE_INDEX)
+    result = shared_prefix_logps(model, prefixes, prefix_mask, completion, completion_mask, owner, labels,
+                                 temperature, with_entropy)
+    return result[:2] if result is not None else None
+
+
+def right_aligned(ids, mask):
+    """Left-padded rows turned right-padded (each row's tokens moved to start at column 0)."""
+    import torch
+
+    shift = (mask == 0).sum(-1)
+    index = (torch.arange(ids.size(1), device=ids.device) + shift[:, None]) % ids.size(1)
+    return ids.gather(1, index), mask.gather(1, index)

@@ -189,7 +189,7 @@ def shared_prompt_logps(model, chosen: list[Example], rejected: list[Example], s
     result = shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, owner, labels)
     if result is None:
         return None
-    logps, scored = result
+    logps, _, scored = result
     return logps.sum(-1), scored.sum(-1), int(prefix_mask.sum() + suffix_mask.sum())
 
 
