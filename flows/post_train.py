@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from prefect import flow, get_run_logger
-from prefect.settings import PREFECT_API_URL
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -22,6 +21,7 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec_text, stage_graph
 from flows.stage_flow import submit_stage
 from flows.stage_requests import new_run_id, stage_parameters, stage_request, state_error
+from flows.temporary_api import ephemeral
 from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
@@ -32,11 +32,6 @@ WATCH_SECONDS = 2.0  # how often the flow looks at the running stages' progress
 RESOURCE_KEYS = ("device", "peak_rss_gb", "peak_gpu_gb")  # a stage's result's say on where and how big it ran
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
-
-
-def ephemeral() -> bool:
-    """No Prefect server named: flows run against a temporary in-process API, nobody serves triggers."""
-    return PREFECT_API_URL.value() is None
 
 
 def save_spec(store: Store, text: str) -> str:

@@ -48,6 +48,26 @@ def check_prefect_api() -> str | None:
     return api
 
 
+def temporary_api(api: str | None):
+    """In ephemeral mode (`api` None: no PREFECT_API_URL), Prefect's temporary API server started
+    now (flows/temporary_api.py), watched by the reaper (flows/cli/reaper.py); else None."""
+    if api is not None:
+        return None
+    from flows.cli.reaper import start as start_reaper
+    from flows.temporary_api import TemporaryApi
+
+    start_reaper()  # first: the server inherits the token the reaper looks for
+    return TemporaryApi()
+
+
+def use_temporary_api(server) -> None:
+    """Wait for `server` (temporary_api's) to answer and make it this process's Prefect API."""
+    if server is not None:
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        server.use(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+
+
 def open_spec(path: str):
     from flows.spec import SpecError, load_spec
 

@@ -13,14 +13,11 @@ def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_
     """Check the inputs (EvaluationInputError: one line), run the flow, print the metrics; exit code."""
     from tasks.runtime.launch import warm_up
 
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.cli.reaper import start as start_reaper
+    from flows.cli.common import check_prefect_api, temporary_api, use_temporary_api
 
     plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens)
-    if PREFECT_API_URL.value() is None:  # ephemeral: Prefect's temporary API server must not outlive us
-        start_reaper()
     warm_up()  # the stage's imports load while Prefect starts
+    use_temporary_api(temporary_api(check_prefect_api()))
     print(f"evaluating {ref} on {', '.join(plan.stage.envs)} (n={plan.stage.n}, store {store.uri})", flush=True)
     state = evaluate(checkpoint_ref=ref, store=store.uri, storage_options=store.storage_options, envs=envs, n=n,
                      max_new_tokens=max_new_tokens, return_state=True)

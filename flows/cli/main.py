@@ -21,6 +21,8 @@ from flows.cli.common import (
     open_spec,
     open_store,
     resolve_ref,
+    temporary_api,
+    use_temporary_api,
 )
 from flows.cli.serving import add_serving_commands
 
@@ -43,13 +45,10 @@ def cmd_run(args) -> int:
 
         warm_up()
     api = check_prefect_api()
-    if api is None:  # ephemeral: Prefect's temporary API server must not outlive this process
-        from flows.cli.reaper import start as start_reaper
-
-        start_reaper()
     if spec.workers is not None and api is None:
         raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "
                         "but PREFECT_API_URL is not set")
+    server = temporary_api(api)  # ephemeral mode: it starts while the rest loads
 
     from flows.post_train import INLINE_EVALUATION, post_train, save_spec
     from flows.spec import spec_folder
@@ -58,6 +57,7 @@ def cmd_run(args) -> int:
     spec_hash = save_spec(store, text)
     run_id = new_run_id(spec.name)
     print(f"run {run_id}  (store {store.uri})", flush=True)
+    use_temporary_api(server)
     if spec.evaluation.on_new_checkpoint:
         print(INLINE_EVALUATION if api is None else
               f"evaluation.on_new_checkpoint: checkpoint events go to {api}; the evaluate-on-checkpoint "
