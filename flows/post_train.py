@@ -57,13 +57,13 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
     for relative source paths); `store` overrides the spec's store.
     """
     logger = get_run_logger()
-    warm_up()
     if spec_text is None:
         if spec is None:
             raise ValueError("post_train needs a spec: a file path (spec) or its text (spec_text)")
         pipeline, spec_text = load_spec(spec)
     else:
         pipeline = parse_spec_text(spec_text, spec_dir=spec_dir)
+    warm_up(lora=pipeline.model.lora is not None)  # started already when the CLI runs the flow
     artifact_store = pipeline.store_location(store).open()
     spec_hash = spec_hash or save_spec(artifact_store, spec_text)
     run_id = run_id or new_run_id(pipeline.name)

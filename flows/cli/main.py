@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
     if spec.workers is None:  # the stages run here: their imports load on the other core meanwhile
         from tasks.runtime.launch import warm_up
 
-        warm_up()
+        warm_up(lora=spec.model.lora is not None)
     api = check_prefect_api()
     if spec.workers is not None and api is None:
         raise UserError(f"workers.deployment: stages go to {spec.workers.deployment!r} on a Prefect server, "

@@ -82,12 +82,13 @@ def _fork_server():
     return context
 
 
-def warm_up() -> None:
-    """Start the fork server now: it imports the stages' modules in the background (~10 s) while the
-    caller starts Prefect, so the first stage does not wait for them."""
+def warm_up(lora: bool = True) -> None:
+    """Start the fork server now: it imports the stages' modules in the background (~8 s) while the
+    caller starts Prefect, so the first stage does not wait for them. `lora`: whether the run's
+    model has adapters (warm_modules)."""
     from multiprocessing import forkserver
 
-    _fork_server()
+    _fork_server().set_forkserver_preload(warm_modules(lora))  # read when the server starts, below
     forkserver.ensure_running()
 
 
