@@ -67,8 +67,11 @@ class TemporaryApi:
                     pass
                 time.sleep(POLL_SECONDS)
         code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(f"Prefect's temporary API server on 127.0.0.1:{self.port} exited with status "
+                               f"{code} before it answered")
         raise RuntimeError(f"Prefect's temporary API server did not answer on 127.0.0.1:{self.port} within "
-                           f"{timeout:.0f} s" + (f" (it exited with status {code})" if code is not None else ""))
+                           f"{timeout:.0f} s")
 
     def _used(self) -> str:
         from prefect.context import refresh_global_settings_context
@@ -86,10 +89,6 @@ class TemporaryApi:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-
-
-def start() -> TemporaryApi:
-    return TemporaryApi()
 
 
 def _spawn(port: int) -> subprocess.Popen:

@@ -138,7 +138,7 @@ def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, ow
     prefix_real, suffix_real = prefix_mask.bool(), suffix_mask.bool()
     if not _right_padded(prefix_real) or not _right_padded(suffix_real) or bool((scored & ~suffix_real).any()):
         return None
-    rows, width = suffixes.shape
+    width = suffixes.size(1)
     device = suffixes.device
     shape = shape_of(inner)
     prefix_lengths = prefix_real.sum(-1)

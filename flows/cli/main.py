@@ -235,8 +235,8 @@ def console() -> None:
     """The `posttrain` command: `main`, then the interpreter's exit in its own order (threads and
     their exit hooks, such as Prefect's log and event workers draining to the API; then the exit
     handlers: the temporary API server stopped, logging flushed, the fork server gone) and output
-    flushed, without the teardown of every imported module that would follow (~1 s here, and
-    nothing left in it for anyone)."""
+    flushed, without the teardown of every imported module that would follow (~0.5 s here,
+    with nothing left in it for anyone)."""
     import atexit
     import threading
 
