@@ -32,7 +32,6 @@ def label_logps(model, input_ids, attention_mask, labels, position_ids=None, tem
     Returns (logps [B, T-1] fp32, 0 where nothing is scored; entropy [B, T-1] of the same
     distribution without gradient, or None; scored [B, T-1] bool).
     """
-
     targets = labels[:, 1:]
     scored = targets != IGNORE_INDEX
     head = output_head(model)
@@ -55,7 +54,6 @@ def shared_prefix_logps(model, prefixes, prefix_mask, suffixes, suffix_mask, own
     continue it (models/direct_forward.py: `shared_prefix_hidden`). Returns (logps [S, Ls] fp32, 0
     where unscored; entropy [S, Ls] without gradient, or None; scored [S, Ls] bool), as
     `label_logps` does over the suffix columns; None where the model does not run directly."""
-
     from models.direct_forward import shared_prefix_hidden
 
     head = output_head(model)
@@ -89,6 +87,12 @@ def _direct_hidden(model, head, input_ids, attention_mask, position_ids, scored)
 
     inner = _run_directly(model, head)
     return scored_hidden(inner, input_ids, attention_mask, position_ids, scored) if inner is not None else None
+
+
+def runs_directly(model) -> bool:
+    """Whether `model`'s training forward runs through models/direct_forward.py (callers check
+    before preparing rows only that path reads)."""
+    return _run_directly(model, output_head(model)) is not None
 
 
 def _run_directly(model, head):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.losses import IGNORE_INDEX
-from models.token_logps import label_logps, shared_prefix_logps
+from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, step_advantages
 from models.sampling import left_padded
 
@@ -123,6 +123,8 @@ def shared_prompt_logps(model, prompt, prompt_mask, completion, completion_mask,
     `shared_prefix_hidden`); None where the model does not run directly."""
     from models.decoding import unique_rows
 
+    if not runs_directly(model):
+        return None
     first, owner = unique_rows(prompt, prompt_mask)
     prefixes, prefix_mask = right_aligned(prompt[first], prompt_mask[first])
     labels = completion.masked_fill(completion_mask == 0, IGNORE_INDEX)

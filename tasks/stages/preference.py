@@ -22,7 +22,7 @@ from pydantic import Field
 from data_contracts.config import ContractParams
 from models.loading import context_length, load_model, load_tokenizer, set_threads
 from models.losses import IGNORE_INDEX, preference_loss
-from models.token_logps import label_logps, shared_prefix_logps
+from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 from models.sampling import chat_prompt
 from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
@@ -167,7 +167,8 @@ def pair_logps(model, chosen: list[Example], rejected: list[Example], pad_id: in
     looping rejected side would pad every chosen one to its length) and the model runs directly;
     otherwise both sides whole, in length buckets."""
     split = [shared_length(c, r) for c, r in zip(chosen, rejected)]
-    if min(split, default=0) >= 1 and all(len(e.input_ids) > n for e, n in zip(chosen + rejected, split + split)) \
+    if runs_directly(model) and min(split, default=0) >= 1 \
+            and all(len(e.input_ids) > n for e, n in zip(chosen + rejected, split + split)) \
             and _shared_cost(chosen, rejected, split) < _bucketed_cost(chosen + rejected):
         result = shared_prompt_logps(model, chosen, rejected, split, pad_id, device)
         if result is not None:
