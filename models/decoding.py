@@ -136,13 +136,18 @@ class Decoder:
 
     def __init__(self, model):
         inner = model.model
-        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
-        self.head = model.lm_head
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self.norm, self.head = _plain(inner.norm), _plain(model.lm_head)
         self.shape = shape_of(model)
-        self.layers = layers_of(model)
+        self.layers = [_Layer(**{name: _plain(module) for name, module in vars(layer).items()})
+                       for layer in layers_of(model)]
         self.keys: list = []
         self.values: list = []
-        self.attention = None  # (rows, capacity) bool: which cache columns each row attends to
+        self.bias = None  # (rows, capacity): 0 at the cache columns a row attends to, -inf elsewhere
+        self.cos = self.sin = None  # rotation tables by position (`_rotation_tables`)
+        shape, weight = self.shape, self.embed.weight
+        # the attention's 1/sqrt(head_dim), folded into the queries' rotation
+        self.cos_scale = weight.new_tensor([shape.scaling] * shape.heads + [1.0] * shape.kv_heads)[:, None]
         self.length = 0  # cache columns written
 
     def start(self, input_ids, attention, positions, capacity: int):
@@ -156,51 +161,107 @@ class Decoder:
         cache = (rows, self.shape.kv_heads, capacity, self.shape.head_dim)
         self.keys = [first.new_zeros(cache) for _ in self.layers]
         self.values = [first.new_zeros(cache) for _ in self.layers]
-        self.attention = torch.zeros(rows, capacity, dtype=torch.bool, device=input_ids.device)
-        self.attention[:, :width] = attention.bool()
+        self.bias = first.new_full((rows, capacity), -float("inf"))
+        self.bias[:, :width].masked_fill_(attention.bool(), 0.0)
+        self.cos, self.sin = self._rotation_tables(int(positions.max()) + capacity - width + 1)
         causal = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).tril()
         mask = causal[None, None] & attention[unique].bool()[:, None, None, :]
         # a fully padded query row (left padding) would softmax over nothing: let it see itself
         mask |= torch.eye(width, dtype=torch.bool, device=input_ids.device)[None, None]
-        hidden = self._forward(input_ids[unique], positions[unique], mask, 0, index)
+        hidden = self._prefill(input_ids[unique], positions[unique], mask, index)
         self.length = width
-        return self.head(self.norm(hidden[:, -1:]))[:, 0][index]
+        return self.head(self.norm(hidden[:, -1]))[index]
 
     def step(self, tokens, positions):
-        """One new token per row still decoding (`tokens`, `positions`: (rows,)); returns its logits."""
-        self.attention[:, self.length] = True
-        mask = self.attention[:, None, None, :self.length + 1]
-        hidden = self._forward(tokens[:, None], positions[:, None], mask, self.length, None)
-        self.length += 1
-        return self.head(self.norm(hidden))[:, 0]
+        """One new token per row still decoding (`tokens`, `positions`: (rows,)); returns its logits.
+        Attention for one query is two batched matmuls and a softmax: SDPA's kernel costs several
+        times its arithmetic at this size."""
+        import torch
+
+        column, end = self.length, self.length + 1
+        self.bias[:, column] = 0.0
+        bias = self.bias[:, None, None, :end]
+        shape, rows = self.shape, len(tokens)
+        cos = self.cos.index_select(0, positions)[:, None] * self.cos_scale
+        sin = self.sin.index_select(0, positions)[:, None] * self.cos_scale
+        hidden = self.embed(tokens)
+        for layer, keys, values in zip(self.layers, self.keys, self.values):
+            normed = layer.attention_norm(hidden)
+            q, k = layer.q(normed).view(rows, shape.heads, -1), layer.k(normed).view(rows, shape.kv_heads, -1)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            rotated = _rotated(torch.cat([q, k], 1), cos, sin)
+            keys[:, :, column] = rotated[:, shape.heads:]
+            values[:, :, column] = layer.v(normed).view(rows, shape.kv_heads, -1)
+            # GQA: the queries grouped by the kv head they read
+            grouped = rotated[:, :shape.heads].reshape(rows, shape.kv_heads, -1, shape.head_dim)
+            scores = torch.matmul(grouped, keys[:, :, :end].transpose(-1, -2)).add_(bias)
+            weights = torch.softmax(scores, -1, dtype=torch.float32).to(scores.dtype)
+            hidden = layer.output(hidden, torch.matmul(weights, values[:, :, :end]).view(rows, -1))
+        self.length = end
+        return self.head(self.norm(hidden))
 
     def keep(self, rows) -> None:
         """Keep only these rows (indices into the current rows): finished rows stop costing work."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
-        self.attention = self.attention.index_select(0, rows)
+        self.bias = self.bias.index_select(0, rows)
 
-    def _forward(self, input_ids, positions, mask, offset: int, expand):
-        """The decoder layers over `input_ids` written at cache columns offset..; `expand` maps
-        the computed rows to the cache's rows (prefill of shared prompts), None when they are the same."""
+    def _rotation_tables(self, count: int):
+        """cos and sin [count, head_dim] of positions 0..count-1 (the model's own rotary), sin's first
+        half negated so that rotating half is a swap (`_rotated`)."""
+        import torch
+
+        weight = self.embed.weight
+        cos, sin = self.rotary(weight[None, :1], torch.arange(count, device=weight.device)[None])
+        half = cos.shape[-1] // 2
+        return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+
+    def _prefill(self, input_ids, positions, mask, expand):
+        """The decoder layers over the distinct prompts, their keys and values written to the cache's
+        columns 0.. of every row that shares them (`expand`: each cache row's prompt)."""
         from torch.nn.functional import scaled_dot_product_attention
 
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
         rows, length = input_ids.shape
-        end = offset + length
         shape = self.shape
         for layer, keys, values in zip(self.layers, self.keys, self.values):
             q, k, v = layer.attention_inputs(hidden, cos, sin, shape)
-            if expand is None:
-                keys[:, :, offset:end], values[:, :, offset:end] = k, v
-                k, v = keys[:, :, :end], values[:, :, :end]
-            else:
-                keys[:, :, offset:end], values[:, :, offset:end] = k[expand], v[expand]
+            keys[:, :, :length], values[:, :, :length] = k[expand], v[expand]
             attended = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=shape.scaling,
                                                     enable_gqa=shape.heads != shape.kv_heads)
             hidden = layer.output(hidden, attended.transpose(1, 2).reshape(rows, length, -1))
         return hidden
+
+
+def _rotated(heads, cos, sin):
+    """Rotary embedding of `heads` [..., head_dim] with `Decoder._rotation_tables`' cos and sin:
+    x·cos + rotate_half(x)·sin, where rotate_half(x) = (-x2, x1) is the swap (x2, x1) times sin's signs."""
+    import torch
+
+    half = heads.shape[-1] // 2
+    return heads * cos + torch.cat([heads[..., half:], heads[..., :half]], -1) * sin
+
+
+def _plain(module):
+    """`module` as a plain call when it is a torch Linear or an RMSNorm: a module call's Python costs
+    about as much as a small matmul's arithmetic at this size. Anything else (a peft LoRA layer, an
+    absent qwen3 norm) stays as it is."""
+    import torch
+    from torch.nn.functional import linear
+
+    if type(module) is torch.nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: linear(x, weight, bias)
+    if type(module).__name__ in ("LlamaRMSNorm", "Qwen3RMSNorm"):
+        weight, eps = module.weight, module.variance_epsilon
+
+        def normed(x):  # as the module computes it: in float32, weighted in the input's dtype
+            x32 = x.float()
+            return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return normed
+    return module
 
 
 def unique_rows(input_ids, attention):

@@ -96,16 +96,16 @@ def left_padded(prompts: list[list[int]], pad_id: int, device):
     return input_ids.to(device), attention.to(device)
 
 
-def next_tokens(logits, params: SamplingParams, generators: list):
-    """Pick one token per row (row i drawn with `generators[i]`); returns (tokens, their log-probs)."""
+def next_tokens(logits, params: SamplingParams, uniforms=None):
+    """Pick one token per row; returns (tokens, their log-probs). Sampling draws row i's token with
+    `uniforms[i]` (float64 in [0, 1), from the row's own generator); greedy decoding needs none."""
     import torch
 
     if params.temperature is None:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        tokens = logprobs.argmax(dim=-1)
-        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+        logprobs, tokens = torch.log_softmax(logits.float(), dim=-1).max(dim=-1)  # the first maximum, as argmax
+        return tokens, logprobs
     logprobs = torch.log_softmax(logits.float() / params.temperature, dim=-1)
-    filtered = logprobs.clone()
+    filtered = logprobs.clone() if params.top_k > 0 or params.top_p < 1.0 else logprobs
     if params.top_k > 0:
         kth = torch.topk(filtered, min(params.top_k, filtered.size(-1)), dim=-1).values[:, -1:]
         filtered[filtered < kth] = -float("inf")
@@ -114,14 +114,21 @@ def next_tokens(logits, params: SamplingParams, generators: list):
         probs = sorted_lp.exp()
         outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
         filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
-    # inverse-CDF sampling: one uniform from each row's own generator, every row's search at once
-    # (a torch.multinomial call per row cost ~30 µs, a quarter of an RL step's rollout on the CPU)
+    # inverse-CDF sampling, every row's search at once (a torch.multinomial call per row cost ~30 µs)
     cdf = torch.softmax(filtered, dim=-1).double().cumsum(-1).cpu()
-    uniforms = torch.cat([torch.rand(1, generator=generator, dtype=torch.float64) for generator in generators])
     # `right`: the first token whose cumulative mass exceeds the draw, never a token of zero mass
     tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
     tokens = tokens.to(logits.device)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+def row_uniforms(row_seeds: list[int], steps: int):
+    """[rows, steps] float64 draws, row i's from a generator seeded `row_seeds[i]`: step s of row i
+    samples with [i, s] (drawn in one call per row, the stream one draw a step would give)."""
+    import torch
+
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(seed % 2**63), dtype=torch.float64)
+                        for seed in row_seeds])
 
 
 def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams,
@@ -130,7 +137,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
 
     from models.decoding import fast_decoder
 
-    generators = [torch.Generator().manual_seed(seed % 2**63) for seed in row_seeds]
+    uniforms = row_uniforms(row_seeds, params.max_new_tokens) if params.temperature is not None else None
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     input_ids, attention = left_padded(prompts, pad, model.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -142,29 +149,25 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     steps_tokens, steps_logprobs = [], []
     with torch.no_grad():
         logits = engine.start(input_ids, attention, positions, input_ids.shape[1] + params.max_new_tokens)
-        position = positions[:, -1].cpu()
+        position = positions[:, -1].clone().cpu()  # the active rows' last position
         for step in range(params.max_new_tokens):
-            picked, picked_logprobs = next_tokens(logits, params, [generators[i] for i in active.tolist()])
-            tokens = torch.full((rows,), pad, dtype=torch.long)
-            tokens[active] = picked.cpu()
-            logprobs = torch.zeros(rows)
-            logprobs[active] = picked_logprobs.float().cpu()
-            steps_tokens.append(tokens)
-            steps_logprobs.append(logprobs)
-            ended = ~done & (tokens == eos)
+            draws = None if uniforms is None else uniforms[active, step]
+            picked, picked_logprobs = (x.cpu() for x in next_tokens(logits, params, draws))
+            steps_tokens.append(_every_row(picked, active, rows, pad))
+            steps_logprobs.append(_every_row(picked_logprobs.float(), active, rows, 0.0))
+            ended = picked == eos  # of the active rows
             if params.stop:
-                ended |= ~done & _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1), done,
-                                             params.stop)
-            length[ended] = step + 1
-            done |= ended
-            if bool(done.all()):
-                break
+                ended |= _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1)[active], params.stop)
+            if bool(ended.any()):
+                length[active[ended]] = step + 1
+                done[active[ended]] = True
+                still = ~ended
+                if not bool(still.any()):
+                    break
+                engine.keep(still.nonzero()[:, 0].to(model.device))  # finished rows leave the batch
+                active, picked, position = active[still], picked[still], position[still]
             position += 1
-            still = ~done[active]
-            if not bool(still.all()):  # finished rows leave the batch
-                engine.keep(still.nonzero()[:, 0].to(model.device))
-                active = active[still]
-            logits = engine.step(tokens[active].to(model.device), position[active].to(model.device))
+            logits = engine.step(picked.to(model.device), position.to(model.device))
     token_rows, logprob_rows = torch.stack(steps_tokens, 1).tolist(), torch.stack(steps_logprobs, 1).tolist()
     gens = []
     for row, n in enumerate(length.tolist()):
@@ -172,6 +175,17 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
         gen.text = before_stop(tokenizer.decode(gen.token_ids, skip_special_tokens=True), params.stop)
         gens.append(gen)
     return gens
+
+
+def _every_row(values, active, rows: int, fill):
+    """The active rows' `values` as one entry per row of the batch, `fill` at the finished rows."""
+    import torch
+
+    if len(active) == rows:
+        return values
+    every = torch.full((rows,), fill, dtype=values.dtype)
+    every[active] = values
+    return every
 
 
 class _Generic:
@@ -209,15 +223,12 @@ class _Generic:
         self.rows = self.rows[rows]
 
 
-def _stop_hits(tokenizer, generated, done, stop: tuple[str, ...]):
-    """Rows (not yet done) whose recent text contains a stop string."""
+def _stop_hits(tokenizer, generated, stop: tuple[str, ...]):
+    """Rows of `generated` (each row's recent tokens) whose text contains a stop string."""
     import torch
 
-    hits = torch.zeros(generated.shape[0], dtype=torch.bool)
-    for row in (~done).nonzero()[:, 0].tolist():
-        tail = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
-        hits[row] = any(s in tail for s in stop)
-    return hits
+    return torch.tensor([any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stop)
+                         for ids in generated.tolist()], dtype=torch.bool)
 
 
 def before_stop(text: str, stop: tuple[str, ...]) -> str:

@@ -110,18 +110,18 @@ def test_other_architectures_decode_like_model_generate(preset):
 def test_sampled_tokens_follow_the_distribution_and_never_take_a_token_of_zero_mass():
     import torch
 
-    from models.sampling import SamplingParams, next_tokens
+    from models.sampling import SamplingParams, next_tokens, row_uniforms
 
     logits = torch.tensor([[2.0, -1.0, -float("inf"), 0.5, -2.0], [0.0, 1.0, 2.0, -1.0, -0.5]])
-    generators = [torch.Generator().manual_seed(row) for row in range(2)]
+    uniforms = row_uniforms([0, 1], 4000)
     counts = torch.zeros(2, 5)
-    for _ in range(4000):
-        tokens, _ = next_tokens(logits, SamplingParams(4, temperature=1.0), generators)
+    for step in range(4000):
+        tokens, _ = next_tokens(logits, SamplingParams(4, temperature=1.0), uniforms[:, step])
         counts[torch.arange(2), tokens] += 1
     assert counts[0, 2] == 0
     assert (counts / 4000 - torch.softmax(logits, -1)).abs().max() < 0.03  # ~4 standard errors at most
     top_2 = torch.zeros(2, 5)
-    for _ in range(500):
-        tokens, _ = next_tokens(logits, SamplingParams(4, temperature=1.0, top_k=2), generators)
+    for step in range(500):
+        tokens, _ = next_tokens(logits, SamplingParams(4, temperature=1.0, top_k=2), uniforms[:, step])
         top_2[torch.arange(2), tokens] += 1
     assert (top_2[0, [1, 2, 4]] == 0).all() and (top_2[1, [0, 3, 4]] == 0).all()
