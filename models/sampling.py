@@ -166,6 +166,8 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
                     break
                 engine.keep(still.nonzero()[:, 0].to(model.device))  # finished rows leave the batch
                 active, picked, position = active[still], picked[still], position[still]
+            if step == params.max_new_tokens - 1:
+                break  # the budget is spent: no logits for a token that will not be drawn
             position += 1
             logits = engine.step(picked.to(model.device), position.to(model.device))
     token_rows, logprob_rows = torch.stack(steps_tokens, 1).tolist(), torch.stack(steps_logprobs, 1).tolist()
