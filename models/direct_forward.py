@@ -161,8 +161,11 @@ def shared_prefix_hidden(inner, prefixes, prefix_mask, suffixes, suffix_mask, ow
         suffix_q, suffix_k, suffix_v = layer.heads(*(_padded(x[split:], suffix_slots, suffixes.numel())
                                                      for x in projected), suffixes.shape, *suffix_rotation, shape)
         prefix_attended = scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape.scaling, enable_gqa=gqa)
+        # index_select, not k[owner]: advanced indexing's backward adds a shared prefix's rows with
+        # atomic float adds across threads on the CPU, in an order that varies from run to run
         suffix_attended = scaled_dot_product_attention(
-            suffix_q, torch.cat([k[owner], suffix_k], dim=2), torch.cat([v[owner], suffix_v], dim=2),
+            suffix_q, torch.cat([k.index_select(0, owner), suffix_k], dim=2),
+            torch.cat([v.index_select(0, owner), suffix_v], dim=2),
             attn_mask=mask, scale=shape.scaling, enable_gqa=gqa)
         return torch.cat([_flat(prefix_attended, prefix_slots), _flat(suffix_attended, suffix_slots)])
 

@@ -191,3 +191,32 @@ def test_an_rl_groups_prompt_once_gives_every_completion_whole(name, lora):
     theirs = torch.autograd.grad((whole[:, start:] * weights).sum(), parameters)
     for mine, reference in zip(ours, theirs):
         assert torch.allclose(mine, reference, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="needs two torch threads")
+def test_an_rl_groups_gradients_do_not_depend_on_threads():
+    """A shared prompt's keys and values reach its completions by a gather whose backward sums the
+    completions' gradients; the sum must not race across threads (advanced indexing's CPU backward
+    adds with atomics, in an order that varied from run to run and made RL checkpoints differ)."""
+    from tasks.common.rl_batch import Row, padded_rows, shared_prompt_logps
+
+    model = preset("tiny-llama")
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, model.config.vocab_size, (n,), generator=generator).tolist() for n in (40, 36, 44)]
+    rows = [Row(prompts[group], torch.randint(5, model.config.vocab_size, (12,), generator=generator).tolist(),
+                [1] * 12, 0.0) for group in [0] * 5 + [1] * 6 + [2] * 5]  # a group spans the threads' halves
+    prompt, prompt_mask, completion, completion_mask, _ = padded_rows(rows, 0, "cpu")
+    parameters = list(model.parameters())
+
+    def gradients():
+        logps, _ = shared_prompt_logps(model, prompt, prompt_mask, completion, completion_mask, 1.0, False)
+        return torch.autograd.grad(logps.sum(), parameters)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = gradients()
+    finally:
+        torch.set_num_threads(threads)
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(gradients(), serial))
