@@ -154,7 +154,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             draws = None if uniforms is None else uniforms[active, step]
             picked, picked_logprobs = (x.cpu() for x in next_tokens(logits, params, draws))
             steps_tokens.append(_every_row(picked, active, rows, pad))
-            steps_logprobs.append(_every_row(picked_logprobs.float(), active, rows, 0.0))
+            steps_logprobs.append(_every_row(picked_logprobs, active, rows, 0.0))  # float32 already
             ended = picked == eos  # of the active rows
             if params.stop:
                 ended |= _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1)[active], params.stop)
