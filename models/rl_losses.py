@@ -160,9 +160,29 @@ def loss_denominator(aggregation: str, trained_tokens: list[int], max_completion
     raise ValueError(f"unknown loss aggregation {aggregation!r}")
 
 
+def truncated_importance_weights(old_logps, behaviour_logps, mask, cap: float, level: str = "token"):
+    """Truncated importance sampling (TIS) weights, without gradient, for rows sampled by another
+    engine or an older policy than the trainer's:
+
+        w_t = min(exp(old_logp_t − μ_t), C)
+
+    old_logp_t the trainer's log-prob of token t before the update (the ratio's denominator), μ_t
+    the behaviour policy's (what the sampler returned), C = `cap`. With level "sequence" every
+    token of a row shares w = min(exp(mean_t (old_logp_t − μ_t)), C). 0 where `mask` is 0.
+    """
+    log_ratio = (old_logps - behaviour_logps).detach()
+    mask = mask.to(log_ratio.dtype)
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1).expand_as(mask)
+    elif level != "token":
+        raise ValueError(f"unknown ratio level {level!r}")
+    return log_ratio.exp().clamp(max=cap) * mask
+
+
 def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon_high: float, aggregation: str,
               max_completion_length: int | None = None, ref_logps=None, beta: float = 0.0,
-              ratio_level: str = "token", kl_ratio_correction: bool = False, denominator: float | None = None):
+              ratio_level: str = "token", kl_ratio_correction: bool = False, denominator: float | None = None,
+              importance_weights=None):
     """Clipped policy-gradient loss with an optional k3 KL penalty; returns (loss, clipped token fraction).
 
     ρ_t = exp(logp_t − old_logp_t);  ℓ_t = −min(ρ_t·Â, clip(ρ_t, 1 − ε_low, 1 + ε_high)·Â) + β·KL_k3,t
@@ -177,6 +197,8 @@ def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon
     i.e. Σ_rows (Σ_t mask·ℓ / Σ_t mask) (grpo) or Σ mask·ℓ, divided by `loss_denominator`. When the
     rows are one micro-batch of a step, `denominator` is the whole step's (loss_denominator over all
     its rows), so the micro-batches' losses add up to the step's.
+    With `importance_weights` w (`truncated_importance_weights`: rows an inference server or an
+    older policy sampled) the policy-gradient term is w_t·min(…); the KL term is not weighted.
     """
     log_ratio = logps - old_logps
     if ratio_level == "sequence":
@@ -188,6 +210,8 @@ def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * advantages
     per_token = -unclipped.minimum(clipped)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights
     if beta:
         kl = kl_k3(logps, ref_logps)
         per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)

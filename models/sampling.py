@@ -26,6 +26,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k
     stop: tuple[str, ...] = ()  # strings that end a completion (not included in its text)
+    top_logprobs: int = 0  # the most likely tokens to report at each step, with their log-probs
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Generation:
     token_ids: list[int]  # what the model emitted, the end token included when it stopped on it
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" (end token or stop string) | "length" (budget spent)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, if asked for
+    policy_version: int = 0  # the weights' version that produced it (an RL stage's weight syncs)
 
 
 CONVERSATION_PREFIX = '[{"role": '  # a conversational prompt, kept as JSON turns (data_contracts/formats.py)
@@ -66,9 +69,11 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 
 def generate_tokens(model, tokenizer, prompts: list[list[int]], params: SamplingParams, *, batch_size: int = 64,
-                    seed: int = 0, on_batch=None, row_seeds: list[int] | None = None) -> list[Generation]:
+                    seed: int = 0, on_batch=None, row_seeds: list[int] | None = None,
+                    abandoned=None) -> list[Generation]:
     """Complete each prompt (token ids in), `batch_size` prompts at a time; `on_batch(done)` after
-    each batch, with the number of prompts completed so far.
+    each batch, with the number of prompts completed so far. `abandoned()`, asked every step, names
+    the prompts (indices) nobody waits for any more: their rows stop decoding there.
 
     Each prompt samples from its own generator, seeded `row_seeds[i]` (default `seed + i`): what a
     prompt gets depends on its seed, not on the batch it shares, so a workload split across
@@ -77,8 +82,10 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], params: Sampling
     row_seeds = row_seeds if row_seeds is not None else [seed + i for i in range(len(prompts))]
     results: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
+        gone = None if abandoned is None else \
+            (lambda first=start: {i - first for i in abandoned()})
         results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params,
-                                 row_seeds[start:start + batch_size])
+                                 row_seeds[start:start + batch_size], gone)
         if on_batch is not None:
             on_batch(len(results))
     return results
@@ -132,7 +139,7 @@ def row_uniforms(row_seeds: list[int], steps: int):
 
 
 def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams,
-                  row_seeds: list[int]) -> list[Generation]:
+                  row_seeds: list[int], abandoned=None) -> list[Generation]:
     import torch
 
     from models.decoding import fast_decoder
@@ -146,7 +153,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     length = torch.full((rows,), params.max_new_tokens, dtype=torch.long)  # tokens each row keeps
     active = torch.arange(rows)  # the rows still decoding, in the engine's row order
     engine = fast_decoder(model) or _Generic(model, pad)
-    steps_tokens, steps_logprobs = [], []
+    steps_tokens, steps_logprobs, steps_top = [], [], []
     with torch.no_grad():
         logits = engine.start(input_ids, attention, positions, input_ids.shape[1] + params.max_new_tokens)
         position = positions[:, -1].clone().cpu()  # the active rows' last position
@@ -155,9 +162,14 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             picked, picked_logprobs = (x.cpu() for x in next_tokens(logits, params, draws))
             steps_tokens.append(_every_row(picked, active, rows, pad))
             steps_logprobs.append(_every_row(picked_logprobs, active, rows, 0.0))  # float32 already
+            if params.top_logprobs:
+                steps_top.append(tuple(_every_row(x, active, rows, 0) for x in top_tokens(logits, params)))
             ended = picked == eos  # of the active rows
             if params.stop:
                 ended |= _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1)[active], params.stop)
+            if abandoned is not None:
+                gone = abandoned()
+                ended |= torch.tensor([row in gone for row in active.tolist()], dtype=torch.bool)
             if bool(ended.any()):
                 length[active[ended]] = step + 1
                 done[active[ended]] = True
@@ -176,7 +188,27 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
         gen = Generation("", token_rows[row][:n], logprob_rows[row][:n], "stop" if done[row] else "length")
         gen.text = before_stop(tokenizer.decode(gen.token_ids, skip_special_tokens=True), params.stop)
         gens.append(gen)
+    if steps_top:
+        _add_top_logprobs(gens, steps_top)
     return gens
+
+
+def top_tokens(logits, params: SamplingParams):
+    """([rows, k] ids, [rows, k] log-probs) of each row's `params.top_logprobs` likeliest tokens, in
+    the distribution the sampled token's log-prob comes from (temperature-scaled when sampling)."""
+    import torch
+
+    scaled = logits.float() if params.temperature is None else logits.float() / params.temperature
+    values, ids = torch.log_softmax(scaled, -1).topk(min(params.top_logprobs, logits.shape[-1]), -1)
+    return ids.cpu(), values.cpu()
+
+
+def _add_top_logprobs(gens: list[Generation], steps_top: list[tuple]) -> None:
+    import torch
+
+    ids, values = (torch.stack(part, 1).tolist() for part in zip(*steps_top))  # [rows, steps, k]
+    for row, gen in enumerate(gens):
+        gen.top_logprobs = [list(zip(i, v)) for i, v in zip(ids[row], values[row])][:len(gen.token_ids)]
 
 
 def _every_row(values, active, rows: int, fill):
@@ -185,7 +217,7 @@ def _every_row(values, active, rows: int, fill):
 
     if len(active) == rows:
         return values
-    every = torch.full((rows,), fill, dtype=values.dtype)
+    every = torch.full((rows, *values.shape[1:]), fill, dtype=values.dtype)
     every[active] = values
     return every
 

@@ -1,121 +1,32 @@
-"""`posttrain serve-model`: one checkpoint behind an OpenAI-compatible chat API (FastAPI + uvicorn).
+"""`posttrain serve-model`: one checkpoint behind an OpenAI-compatible API (FastAPI + uvicorn).
 
 A served checkpoint is a policy like any other (docs/DESIGN §7): a teacher for `synthesize`, a
-model for an OpenAI client, or the endpoint a rollout plays through (tasks/common/endpoint_policy.py).
-It decodes with the project's own engine, one request at a time, so a one-user-message request
-gives exactly what in-process evaluation gives for that prompt. Besides OpenAI's parameters it
-accepts vLLM's `add_generation_prompt`, `continue_final_message` (continue the final assistant
-message: how a multi-turn context goes on after a tool's output) and `include_stop_str_in_output`.
-What it refuses (sizes, bounds, deadlines) and how it says so: models/serving_limits.py.
+model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/common/server_policy.py,
+which publishes new weights to it as LoRA adapters), or the endpoint a rollout plays through by
+chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
+chat request gives exactly what in-process evaluation gives for that prompt, and a token-id
+completion what the local engine gives for those ids. Concurrent requests decode together
+(models/serving_batch.py). The request fields: models/serving_requests.py; the answers' shapes:
+models/serving_responses.py; the routes: models/serving_app.py; what it refuses (sizes, bounds,
+deadlines) and how it says so: models/serving_limits.py.
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from models.config import ModelConfig
 from models.loading import ADAPTER_CONFIG, load_model, load_tokenizer
 from models.sampling import Generation, SamplingParams, generate_tokens
-from models.serving_limits import (
-    GREEDY_BELOW,
-    MAX_CONTENT_CHARS,
-    MAX_MESSAGES,
-    MAX_SEED,
-    MAX_STOP,
-    MAX_STOP_CHARS,
-    BodyLimit,
-    Limits,
-    ServingError,
-    add_error_handlers,
-    server_config,
-)
+from models.serving_batch import Batcher, Job
+from models.serving_limits import MAX_CHOICES, Limits, ServingError
+from models.serving_weights import Adapters, LoadAdapter, ReloadWeights, copy_weights, weight_files
+from models.serving_requests import ChatRequest, CompletionRequest, SamplingRequest
+from models.serving_responses import chat_logprobs, completion_logprobs, envelope, text_deltas, usage
 
 SENTINEL = "\x00posttrain-final-message\x00"  # stands for the final message's content while rendering
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=MAX_CONTENT_CHARS)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _plain(cls, message):
-        """Newer clients' forms: a `developer` message is a system message, content may come as text parts."""
-        if not isinstance(message, dict):
-            return message
-        message = {**message, "role": "system"} if message.get("role") == "developer" else message
-        parts = message.get("content")
-        if isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
-            message = {**message, "content": "".join(str(p.get("text", "")) for p in parts)}
-        return message
-
-
-class ChatRequest(BaseModel):
-    """The chat-completion parameters the server honours; others a client sends are ignored.
-    Each is bounded (models/serving_limits.py): a value out of range is a 400 naming the field,
-    never reduced into range; a temperature below GREEDY_BELOW (1e-5) decodes greedily, and a
-    token budget beyond the context window is clamped to it (`sampling`)."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    temperature: float | None = Field(None, ge=0, le=2)  # absent: OpenAI's default 1; 0: greedy
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)  # vLLM extension; 0 or -1: off
-    max_tokens: int | None = Field(None, gt=0)
-    max_completion_tokens: int | None = Field(None, gt=0)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # absent: seed 0, so the server is deterministic
-    n: int = Field(1, ge=1, le=64)
-    stream: bool = False
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    include_stop_str_in_output: bool = False
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _bounded_stop(cls, stop):
-        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
-        if len(stops) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop strings, not {len(stops)}")
-        if any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
-        return stop
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.stream:
-            raise ValueError("stream: streaming is not supported by posttrain serve-model")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message needs add_generation_prompt false")
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise ValueError("continue_final_message needs an assistant message last")
-        return self
-
-    def stop_strings(self) -> tuple[str, ...]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return tuple(s for s in stops if s)
-
-    def sampling(self, room: int) -> SamplingParams:
-        """The engine's parameters. The token budget asked for is clamped to `room`, the rest of the
-        context window, which is also the budget when none is asked for (finish_reason "length"
-        says it ran out); a temperature below GREEDY_BELOW is greedy decoding."""
-        asked = self.max_completion_tokens or self.max_tokens
-        temperature = 1.0 if self.temperature is None else self.temperature
-        return SamplingParams(min(asked or room, room), temperature if temperature >= GREEDY_BELOW else None,
-                              self.top_p, max(self.top_k, 0), self.stop_strings())
 
 
 def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool) -> str:
@@ -146,75 +57,188 @@ def response_text(tokenizer, generation: Generation, stop: tuple[str, ...], incl
 
 
 class ServedModel:
-    """One loaded checkpoint, on its device (`serving_device`), and the lock that keeps the engine
-    to one request at a time; a request waits for it at most `queue_timeout` seconds."""
+    """One loaded checkpoint, on its device (`serving_device`), its engine thread and its runtime
+    adapters; a request waits for the engine at most `limits.queue_timeout` seconds."""
 
     def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None,
-                 queue_timeout: float = Limits.queue_timeout):
+                 limits: Limits | None = None, lora_folder: str | Path | None = None):
         self.name, self.created = name, int(time.time())
+        self.limits = limits or Limits()
         model = model or model_config(folder)
         self.device = serving_device(model)
         self.tokenizer = load_tokenizer(folder)
         self.model = load_model(folder, model).to(self.device).eval()
+        if lora_folder is not None and hasattr(self.model, "peft_config"):
+            raise ValueError("--lora-folder: runtime adapters need a full-weight checkpoint; serve the adapter's "
+                             "base model instead")
         self.context = getattr(self.model.config, "max_position_embeddings", None)
-        self.lock, self.queue_timeout = threading.Lock(), queue_timeout
+        self.vocab = self.model.get_input_embeddings().weight.shape[0]
+        self.adapters = Adapters(lora_folder, name)
+        self.weights_version = 0  # set by full-weight reloads
+        self.batcher = Batcher(self._decode, self.limits.batch_window)
 
-    def card(self) -> dict:
-        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "posttrain"}
+    def card(self, name: str | None = None) -> dict:
+        return {"id": name or self.name, "object": "model", "created": self.created, "owned_by": "posttrain",
+                **({"parent": self.name} if name else {})}
 
-    def check_name(self, name: str) -> None:
-        if name != self.name:
-            raise ServingError(404, f"The model `{name}` does not exist (this server serves `{self.name}`).",
-                               param="model")
+    def cards(self) -> list[dict]:
+        return [self.card(), *(self.card(adapter) for adapter in self.adapters.served())]
 
-    @contextmanager
-    def turn(self, since: float):
-        """The engine (and the tokenizer), once the requests ahead have finished; 503 once the
-        request has waited `queue_timeout` seconds since `since` (time.monotonic())."""
-        if not self.lock.acquire(timeout=max(since + self.queue_timeout - time.monotonic(), 0)):
-            raise ServingError(503, f"the server is busy: this request waited {self.queue_timeout:g} s for the "
-                                    "requests ahead of it; try again later", "server_error")
-        try:
-            yield
-        finally:
-            self.lock.release()
+    def adapter_of(self, name: str) -> str | None:
+        """The adapter a request's `model` names (None: the served weights); 404 for an unknown name."""
+        if name == self.name:
+            return None
+        if name in self.adapters.names:
+            return name
+        raise ServingError(404, f"The model `{name}` does not exist (this server serves "
+                                f"{', '.join(f'`{n}`' for n in [self.name, *self.adapters.served()])}).",
+                           param="model")
 
-    def complete(self, request: ChatRequest, since: float | None = None) -> dict:
-        """Decode a request (on a worker thread) and shape OpenAI's chat.completion answer; `since`:
-        when it started waiting (default now), a wait for a worker thread included."""
-        self.check_name(request.model)
-        with self.turn(time.monotonic() if since is None else since):
-            prompt_ids = self._prompt_ids(request)
-            params = request.sampling(self._room(len(prompt_ids)))
-            copies = 1 if params.temperature is None else request.n  # greedy choices are all the same
-            generations = generate_tokens(self.model, self.tokenizer, [prompt_ids] * copies, params,
-                                          batch_size=1, seed=request.seed or 0) * (request.n // copies)
-            texts = [response_text(self.tokenizer, g, params.stop, request.include_stop_str_in_output)
-                     for g in generations]
-        completion_tokens = sum(len(g.token_ids) for g in generations)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.name,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": text},
-                             "finish_reason": g.finish_reason, "logprobs": None}
-                            for i, (text, g) in enumerate(zip(texts, generations))],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                          "total_tokens": len(prompt_ids) + completion_tokens}}
+    def chat_job(self, request: ChatRequest) -> tuple[Job, list[int]]:
+        prompt_ids = self.tokenizer(render_prompt(self.tokenizer, [m.model_dump() for m in request.messages],
+                                                  request.add_generation_prompt, request.continue_final_message),
+                                    add_special_tokens=False)["input_ids"]
+        return self._job(request, [prompt_ids], "messages"), prompt_ids
 
-    def _prompt_ids(self, request: ChatRequest) -> list[int]:
-        """Exactly `models.sampling.chat_prompt`'s ids for a single user message."""
-        messages = [m.model_dump() for m in request.messages]
-        text = render_prompt(self.tokenizer, messages, request.add_generation_prompt, request.continue_final_message)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def completion_job(self, request: CompletionRequest) -> tuple[Job, list[list[int]]]:
+        prompts = [p if isinstance(p, list) else self.tokenizer(p, add_special_tokens=False)["input_ids"]
+                   for p in request.prompts()]
+        for ids in prompts:
+            if not ids:
+                raise ServingError(400, "prompt: a prompt has no tokens", param="prompt")
+            if max(ids) >= self.vocab:
+                raise ServingError(400, f"prompt: token id {max(ids)} is outside the vocabulary "
+                                        f"(0..{self.vocab - 1})", param="prompt")
+        return self._job(request, prompts, "prompt"), prompts
 
-    def _room(self, prompt_tokens: int) -> int:
+    def _job(self, request: SamplingRequest, prompts: list[list[int]], field: str) -> Job:
+        adapter = self.adapter_of(request.model)
+        if len(prompts) * request.n > MAX_CHOICES:
+            raise ServingError(400, f"n: {len(prompts)} prompts × n {request.n} is more than {MAX_CHOICES} choices",
+                               param="n")
+        params = request.sampling(min(self._room(len(ids), field) for ids in prompts))
+        copies = copies_of(request, params)
+        seed = request.seed or 0
+        return Job([ids for ids in prompts for _ in range(copies)], params,
+                   [seed + j for _ in prompts for j in range(copies)], adapter)
+
+    def _decode(self, prompts, params: SamplingParams, seeds: list[int], adapter: str | None, abandoned):
+        with self.adapters.active(self.model, adapter):
+            generations = generate_tokens(self.model, self.tokenizer, prompts, params, batch_size=len(prompts),
+                                          row_seeds=seeds, abandoned=abandoned)
+        for generation in generations:
+            generation.policy_version = self.weights_version
+        return generations
+
+    def load_adapter(self, request: LoadAdapter) -> None:
+        self.adapters.adapter_folder(request.lora_path)  # refused before the engine is waited for
+        with self.batcher.engine:
+            self.model = self.adapters.load(self.model, request)
+
+    def reload_weights(self, request: ReloadWeights) -> None:
+        """Full weights from the LoRA folder, copied in between two batches."""
+        if self.adapters.folder is None:
+            raise ServingError(404, "runtime weight loading is off (start serve-model with --lora-folder)")
+        files = weight_files(self.adapters.inside(request.weights_path, "weights_path"))
+        with self.batcher.engine:
+            copy_weights(self.model, files)
+            self.weights_version = request.version
+
+    def unload_adapter(self, name: str) -> None:
+        with self.batcher.engine:
+            self.adapters.unload(self.model, name)
+
+    def complete(self, request: ChatRequest) -> dict:
+        """A chat request answered in this process (no HTTP): through the engine thread, as a request is."""
+        job, prompt_ids = self.chat_job(request)
+        self.batcher.submit(job).finished.wait()
+        if job.error is not None:
+            raise job.error
+        return self.chat_answer(request, job, prompt_ids)
+
+    def choices(self, request: SamplingRequest, job: Job) -> list[Generation]:
+        """Every choice of a finished job, prompt by prompt (greedy copies decoded once)."""
+        copies = copies_of(request, job.params)
+        return [g for k in range(0, len(job.generations), copies)
+                for g in (job.generations[k:k + copies] * (request.n // copies))]
+
+    def chat_answer(self, request: ChatRequest, job: Job, prompt_ids: list[int]) -> dict:
+        choices = []
+        for index, generation in enumerate(self.choices(request, job)):
+            choice = {"index": index, "message": {"role": "assistant", "content": self.text(request, job, generation)},
+                      "finish_reason": generation.finish_reason,
+                      "logprobs": chat_logprobs(self.tokenizer, generation) if request.logprobs else None}
+            choices.append({**choice, "token_ids": generation.token_ids} if request.return_token_ids else choice)
+        answer = {**envelope("chat.completion", request.model), **self.version_of(job), "choices": choices,
+                  "usage": usage(len(prompt_ids), self.choices(request, job))}
+        return {**answer, "prompt_token_ids": prompt_ids} if request.return_token_ids else answer
+
+    def completion_answer(self, request: CompletionRequest, job: Job, prompts: list[list[int]]) -> dict:
+        choices = []
+        for index, generation in enumerate(self.choices(request, job)):
+            choice = {"index": index, "text": self.text(request, job, generation),
+                      "finish_reason": generation.finish_reason,
+                      "logprobs": completion_logprobs(self.tokenizer, generation, request.return_tokens_as_token_ids)
+                      if request.logprobs is not None else None}
+            if request.return_token_ids:
+                choice |= {"token_ids": generation.token_ids, "prompt_token_ids": prompts[index // request.n]}
+            choices.append(choice)
+        return {**envelope("text_completion", request.model), **self.version_of(job), "choices": choices,
+                "usage": usage(sum(len(p) for p in prompts), self.choices(request, job))}
+
+    def version_of(self, job: Job) -> dict:
+        """serve-model's `weights_version` of an answer from the served weights once they were reloaded."""
+        if job.adapter is not None or not job.generations or not job.generations[0].policy_version:
+            return {}
+        return {"weights_version": job.generations[0].policy_version}
+
+    def text(self, request: SamplingRequest, job: Job, generation: Generation) -> str:
+        return response_text(self.tokenizer, generation, job.params.stop, request.include_stop_str_in_output)
+
+    def stream_events(self, request: SamplingRequest, job: Job, answer: dict):
+        """The answer as streamed chunks: per choice one per generated token, the last with its
+        finish_reason; then usage if asked (`stream_options.include_usage`)."""
+        chat = isinstance(request, ChatRequest)
+        head = {key: answer[key] for key in ("id", "created", "model")}
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        for choice, generation in zip(answer["choices"], self.choices(request, job)):
+            text = choice["message"]["content"] if chat else choice["text"]
+            deltas = text_deltas(self.tokenizer, generation.token_ids, text)
+            if chat:
+                yield {**head, "object": kind, "choices": [{"index": choice["index"], "logprobs": None,
+                       "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            for k, delta in enumerate(deltas):
+                last = k == len(deltas) - 1
+                part = {"index": choice["index"], "finish_reason": choice["finish_reason"] if last else None}
+                token = slice(k, k + 1) if not last else slice(k, None)
+                if chat:
+                    part |= {"delta": {"content": delta} if delta or not last else {},
+                             "logprobs": chat_logprobs(self.tokenizer, generation, token) if request.logprobs
+                             else None}
+                else:
+                    part |= {"text": delta, "logprobs": completion_logprobs(
+                        self.tokenizer, generation, request.return_tokens_as_token_ids, token)
+                        if request.logprobs is not None else None}
+                if request.return_token_ids:
+                    part["token_ids"] = generation.token_ids[token]
+                yield {**head, "object": kind, "choices": [part]}
+        if request.stream_options is not None and request.stream_options.include_usage:
+            yield {**head, "object": kind, "choices": [], "usage": answer["usage"]}
+
+    def _room(self, prompt_tokens: int, field: str = "messages") -> int:
         """Tokens left in the context window after the prompt: the most a request decodes (256
         when the model's config names no context)."""
         if self.context is None:
             return 256
         if prompt_tokens >= self.context:
-            raise ServingError(400, f"messages: the prompt is {prompt_tokens} tokens, the model's context is "
-                                    f"{self.context}", param="messages")
+            raise ServingError(400, f"{field}: the prompt is {prompt_tokens} tokens, the model's context is "
+                                    f"{self.context}", param=field)
         return self.context - prompt_tokens
+
+
+def copies_of(request: SamplingRequest, params: SamplingParams) -> int:
+    """Rows decoded per prompt: `n`, or one when decoding greedily (its choices are all the same)."""
+    return 1 if params.temperature is None else request.n
 
 
 def serving_device(model: ModelConfig) -> str:
@@ -234,63 +258,3 @@ def model_config(folder: str | Path) -> ModelConfig:
     return ModelConfig()
 
 
-def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = None, limits: Limits | None = None):
-    """The FastAPI app serving the checkpoint in `folder` as `model_name`, loaded with `model`
-    (the spec's model config: dtype, LoRA base) when known, refusing what `limits` bounds;
-    `app.state` holds both (server_config reads the limits)."""
-    from fastapi import FastAPI
-    from starlette.concurrency import run_in_threadpool
-
-    limits = limits or Limits()
-    served = ServedModel(folder, model_name, model, limits.queue_timeout)
-    app = FastAPI(title=f"posttrain serve-model {model_name}")
-    app.state.served, app.state.limits = served, limits
-    app.add_middleware(BodyLimit, limits=limits)
-    add_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> dict:
-        return {}
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [served.card()]}
-
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str) -> dict:
-        served.check_name(name)
-        return served.card()
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatRequest) -> dict:
-        return await run_in_threadpool(served.complete, request, time.monotonic())  # the event loop stays free
-
-    return app
-
-
-class ListenError(Exception):
-    """The server cannot listen on the host and port asked for (in use, not an address here)."""
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening socket: bound before the model loads, so a taken port fails at once."""
-    try:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError as exc:
-        raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-    return sock
-
-
-def serve(folder: str | Path, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          model: ModelConfig | None = None, limits: Limits | None = None) -> None:
-    """Serve until interrupted. The line is printed once the socket listens, so a client that read
-    it can connect; port 0 picks a free port (the line names it)."""
-    import uvicorn
-
-    sock = listening_socket(host, port)
-    app = make_app(folder, model_name, model, limits)
-    print(f"serving {model_name} on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
-    uvicorn.Server(server_config(app, app.state.limits)).run(sockets=[sock])

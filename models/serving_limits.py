@@ -4,8 +4,9 @@ A request is read and checked whole before it waits for the engine. Its headers 
 within `read_timeout` of the connection opening (or of its previous response), else the
 connection is closed; a body needs a Content-Length, checked before a byte is read (411 without
 one, 413 over `max_body_bytes`), and must arrive within `read_timeout` (408). The fields have
-bounds (models/serving.py's ChatRequest: the constants below). Only then does it wait for the
-engine, at most `queue_timeout` (503). Every refusal is OpenAI's error shape:
+bounds (models/serving_requests.py: the constants below). Only then does it wait for the
+engine, at most `queue_timeout` (503), and its answer comes within `request_timeout` of its
+arrival or not at all (504; its rows leave the engine's batch). Every refusal is OpenAI's error shape:
 {"error": {"message", "type", "param", "code"}}, never a traceback.
 """
 
@@ -20,6 +21,11 @@ MAX_CONTENT_CHARS = 262_144  # characters in one message's content
 MAX_STOP = 16  # stop strings in one request
 MAX_STOP_CHARS = 256  # characters in one stop string
 MAX_SEED = 2**63 - 1  # seeds are 0..MAX_SEED: the engine's torch generator takes a 64-bit seed
+MAX_N = 64  # choices of one prompt
+MAX_PROMPTS = 64  # prompts in one completions request
+MAX_CHOICES = 256  # prompts × n in one request
+MAX_PROMPT_IDS = 262_144  # ids in one token-id prompt (the model's context bounds it further)
+MAX_LOGPROBS = 20  # alternatives reported per token (vLLM's default cap)
 GREEDY_BELOW = 1e-5  # a temperature below this decodes greedily, as vLLM does (logits / 1e-300 overflow)
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -32,6 +38,8 @@ class Limits:
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
     queue_timeout: float = 60.0  # seconds a validated request waits for the requests ahead of it
     max_connections: int = 64  # open connections and requests at once; beyond, uvicorn answers 503
+    request_timeout: float = 600.0  # seconds a request may take in all, from arrival to its answer (504)
+    batch_window: float = 0.01  # seconds an idle engine waits for more requests to decode with the first
 
 
 class ServingError(Exception):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from data_contracts.config import ContractConfig
 from models.config import ModelConfig
@@ -200,6 +200,36 @@ class Judge(Endpoint):
     """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/common/judge.py)."""
 
     max_tokens: int = Field(8, gt=0)
+
+
+class Rollout(BaseModel):
+    """Where a stage's episodes decode: `local`, the stage's own engine, or `server`, an inference
+    server's /v1/completions, token ids in and out (vLLM >= 0.10.2 or `posttrain serve-model`;
+    tasks/common/server_policy.py). An rl stage publishes its weights to the server every
+    `sync_every` optimizer steps (tasks/common/weight_sync.py), saved under `sync_folder`, a folder
+    the server reads (serve-model's --lora-folder)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local", "server"] = "local"
+    endpoint: str | None = Field(None, pattern=r"^https?://\S+$")  # base URL, ending in /v1
+    model: str | None = None  # the name the server serves the stage's input checkpoint under
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+    sync_every: int = Field(1, ge=1)
+    sync_folder: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self):
+        server_fields = [name for name in ("endpoint", "model", "api_key_env", "sync_folder")
+                         if getattr(self, name) is not None]
+        if self.backend == "local" and server_fields:
+            raise ValueError(f"{server_fields[0]} is for backend server (backend is local)")
+        if self.backend == "server" and (self.endpoint is None or self.model is None):
+            raise ValueError("backend server needs endpoint and model")
+        return self
+
+    def describe(self) -> str:
+        return f"{self.model} at {self.endpoint}"
 
 
 # what drawing a report's curves imports (~0.5 s, then ~1 s for the first figure): loaded once by

@@ -24,7 +24,7 @@ HI = [{"role": "user", "content": "what is 2+3?"}]
 def tight():
     """The checkpoint behind a server with 1 s to read a request and 0.5 s to wait for the engine;
     yields (base URL, app)."""
-    from models.serving import make_app
+    from models.serving_app import make_app
 
     app = make_app(trained_checkpoint(), NAME, limits=TIGHT)
     with running_app(app) as url:
@@ -68,7 +68,7 @@ def answer(sock: socket.socket) -> tuple[int, dict]:
 def test_a_huge_max_tokens_is_clamped_to_the_context(base_url):
     from models.loading import load_tokenizer
     from models.sampling import chat_prompt
-    from models.serving import ChatRequest
+    from models.serving_requests import ChatRequest
 
     assert ChatRequest(model=NAME, messages=HI, max_tokens=2**200).sampling(room=40).max_new_tokens == 40
     prompt = "1 " * 248
@@ -184,7 +184,7 @@ def test_a_client_that_never_sends_its_body_gets_408_and_holds_nothing(tight):
 
 def test_a_request_that_waits_for_the_engine_past_the_deadline_gets_503(tight):
     base_url, app = tight
-    lock = app.state.served.lock
+    lock = app.state.served.batcher.engine
     with lock:  # a request ahead of this one that takes forever
         started = time.monotonic()
         refused(ask(base_url), 503, None, "waited 0.5 s for the requests ahead of it")
@@ -204,7 +204,7 @@ def hold(lock: threading.Lock, seconds: float) -> None:
 def test_connections_past_the_cap_get_503_and_the_cap_frees_with_them():
     """Many idle connections (each of which may be a 1 MiB body in waiting) are capped: past
     `max_connections` a request is turned away at once, and the server serves again when they go."""
-    from models.serving import make_app
+    from models.serving_app import make_app
 
     limits = Limits(read_timeout=1.0, queue_timeout=0.5, max_connections=2)
     with running_app(make_app(trained_checkpoint(), NAME, limits=limits)) as base_url:

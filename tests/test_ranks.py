@@ -44,8 +44,8 @@ def workloads(out_dir: str) -> dict:
     played = split_and_gather(WORKLOAD, lambda mine: [[i, os.environ.get("RANK", "0")] for i in mine])
     stage = RlStage(kind="rl", id="rl", policy="p", envs={"arith": 1.0}, steps=1, group_size=2, max_tokens=8)
     picked = step_tasks({"arith": env.tasks("train", 64, 0)}, stage.envs, 3, 0, 0)
-    groups = sample_groups(model, tokenizer, {"arith": env}, {"arith": env.rubric}, picked, stage, 77,
-                           DoomLoopDetector())
+    groups = sample_groups(LocalPolicy(model, tokenizer), tokenizer, {"arith": env}, {"arith": env.rubric}, picked,
+                           stage, 77, DoomLoopDetector())
     evaluation = EvaluateStage(kind="evaluate", id="e", checkpoints=["p"], envs=["arith"], n=3, max_new_tokens=8,
                                sampled={"temperature": 1.0})
     evaluated, metrics = evaluate_policy(LocalPolicy(model, tokenizer), tokenizer, env, evaluation, "p")
@@ -88,8 +88,13 @@ def test_two_processes_make_what_one_makes_and_no_item_twice(two_processes, tmp_
     for result in two_processes:
         # each item was made by exactly one process: the round-robin share of its rank
         assert result["played"] == [[i, str(i % 2)] for i in range(WORKLOAD)]
-        for key in ("groups", "evaluated", "metrics"):
+        for key in ("evaluated", "metrics"):
             assert result[key] == one[key], key
+        # the episodes' tokens are the same; the sampler's log-probs of rows decoded in other batches agree
+        # to float rounding
+        assert strip_action_logprobs(result["groups"]) == strip_action_logprobs(one["groups"])
+        for theirs, ours in zip(all_action_logprobs(result["groups"]), all_action_logprobs(one["groups"])):
+            assert theirs == pytest.approx(ours, abs=1e-5)
         # the same tokens; log-probs of rows decoded in other batches agree to float rounding
         assert [without_logprobs(row) for row in result["rollouts"]] == [without_logprobs(row) for row in one["rollouts"]]
         for theirs, ours in zip(result["rollouts"], one["rollouts"]):
@@ -97,6 +102,16 @@ def test_two_processes_make_what_one_makes_and_no_item_twice(two_processes, tmp_
     assert len(one["groups"]) == 3 and all(len(group) == 2 for group in one["groups"])
     sampled = [row["tokens"] for row in one["rollouts"] if row["mode"] == "sampled"]
     assert len(sampled) == 6 and len({tuple(tokens) for tokens in sampled}) > 1  # seeded apart
+
+
+def strip_action_logprobs(groups: list) -> list:
+    return [[{**s, "trajectory": {**s["trajectory"], "turns": [{k: v for k, v in turn.items() if k != "action_logprobs"}
+                                                              for turn in s["trajectory"]["turns"]]}}
+             for s in group] for group in groups]
+
+
+def all_action_logprobs(groups: list) -> list:
+    return [turn["action_logprobs"] for group in groups for s in group for turn in s["trajectory"]["turns"]]
 
 
 def without_logprobs(row: dict) -> dict:

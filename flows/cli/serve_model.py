@@ -27,22 +27,30 @@ class ServeModelInputError(Exception):
 
 
 def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None,
-                limits: Limits | None = None, device: str | None = None) -> int:
+                limits: Limits | None = None, device: str | None = None, *, lora_folder: str | None = None,
+                api_key: str | None = None) -> int:
     """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds, on
-    `device` (auto | cpu; None: the spec's `model.device`); exit code."""
-    from models.serving import ListenError, model_config, serve
+    `device` (auto | cpu; None: the spec's `model.device`), with runtime LoRA adapters from
+    `lora_folder` and every /v1 route behind `api_key` when given; exit code."""
+    from models.serving import model_config
+    from models.serving_app import ListenError, serve
 
     check_limits(limits or Limits())
     check_device(device)
+    if lora_folder is not None and not Path(lora_folder).is_dir():
+        raise ServeModelInputError(f"--lora-folder: {lora_folder} is not a folder")
     store = open_store(store_uri, error=ServeModelInputError)
     pinned = resolve_ref(store, ref, error=ServeModelInputError)
     folder, model = fetch_checkpoint(pinned, store)
     if device is not None:
         model = (model or model_config(folder)).model_copy(update={"device": device})
     try:
-        serve(folder, name or str(pinned), host=host, port=port, model=model, limits=limits)
+        serve(folder, name or str(pinned), host=host, port=port, model=model, limits=limits, lora_folder=lora_folder,
+              api_key=api_key)
     except ListenError as exc:
         raise ServeModelInputError(f"port: {exc}") from None
+    except ValueError as exc:  # a served model that cannot take runtime adapters
+        raise ServeModelInputError(first_line(exc)) from None
     return 0
 
 
@@ -72,6 +80,9 @@ def check_device(device: str | None) -> None:
 def check_limits(limits: Limits) -> None:
     """Each limit is positive (a flag of zero would refuse every request)."""
     for flag, value in (("--max-body-bytes", limits.max_body_bytes), ("--read-timeout", limits.read_timeout),
-                        ("--queue-timeout", limits.queue_timeout), ("--max-connections", limits.max_connections)):
+                        ("--queue-timeout", limits.queue_timeout), ("--max-connections", limits.max_connections),
+                        ("--request-timeout", limits.request_timeout)):
         if not value > 0:
             raise ServeModelInputError(f"{flag}: must be positive, not {value}")
+    if not 0 <= limits.batch_window <= 10:
+        raise ServeModelInputError(f"--batch-window: seconds between 0 and 10, not {limits.batch_window}")

@@ -85,9 +85,16 @@ def cmd_serve_model(args) -> int:
     from flows.cli.serve_model import ServeModelInputError, serve_model
     from models.serving_limits import Limits
 
-    limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout, args.max_connections)
+    limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout, args.max_connections,
+                    args.request_timeout, args.batch_window)
+    api_key = args.api_key
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
     try:
-        return serve_model(args.ref, args.store, args.host, args.port, args.name, limits, args.device)
+        return serve_model(args.ref, args.store, args.host, args.port, args.name, limits, args.device,
+                           lora_folder=args.lora_folder, api_key=api_key)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 
@@ -130,4 +137,14 @@ def add_serving_commands(commands) -> None:
                              help="seconds a request waits for the ones ahead of it before a 503 (default 60)")
     serve_model.add_argument("--max-connections", type=int, default=Limits.max_connections,
                              help="connections and requests at once; more get a 503 (default 64)")
+    serve_model.add_argument("--request-timeout", type=float, default=Limits.request_timeout,
+                             help="seconds a request may take in all before a 504 (default 600)")
+    serve_model.add_argument("--batch-window", type=float, default=Limits.batch_window,
+                             help="seconds an idle engine waits for more requests to batch with one (default 0.01)")
+    serve_model.add_argument("--lora-folder", help="allow vLLM's runtime LoRA endpoints, loading only adapters "
+                             "saved under this folder (default: off)")
+    key = serve_model.add_mutually_exclusive_group()
+    key.add_argument("--api-key-env", help="environment variable holding the API key every /v1 request must send")
+    key.add_argument("--api-key", help="the API key itself, as vLLM's flag (other local users can read a "
+                     "process's arguments: prefer --api-key-env)")
     serve_model.set_defaults(func=cmd_serve_model)

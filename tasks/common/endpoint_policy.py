@@ -42,14 +42,8 @@ class EndpointPolicy:
 
     @classmethod
     def of(cls, config, tokenizer, field: str) -> "EndpointPolicy":
-        """The policy of a spec's endpoint config (`teacher:`, `judge:`); its key comes from the
-        environment variable the config names, never from the spec."""
-        api_key = None
-        if config.api_key_env is not None:
-            api_key = os.environ.get(config.api_key_env)
-            if not api_key:
-                raise EndpointConfigError(f"{field}.api_key_env: environment variable {config.api_key_env} is not set")
-        return cls(config.endpoint, config.model, tokenizer, api_key=api_key)
+        """The policy of a spec's endpoint config (`teacher:`, `judge:`)."""
+        return cls(config.endpoint, config.model, tokenizer, api_key=endpoint_api_key(config, field))
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seeds: list[int]) -> list[Generation]:
@@ -97,28 +91,46 @@ class EndpointPolicy:
 
     def _call(self, request: dict):
         """One chat completion; whatever goes wrong becomes a one-line EndpointError."""
-        import openai
+        return endpoint_call(self.base_url, self.client, self.model,
+                             lambda: self.client.chat.completions.create(model=self.model, **request))
 
-        try:
-            return self.client.chat.completions.create(model=self.model, **request)
-        except openai.APIConnectionError as exc:
-            raise EndpointError(f"{self.base_url}: cannot reach the endpoint ({connection_reason(exc)})") from None
-        except openai.NotFoundError as exc:
-            raise EndpointError(self._not_found(exc)) from None
-        except openai.APIStatusError as exc:
-            raise EndpointError(f"{self.base_url}: HTTP {exc.status_code}: {api_message(exc)}") from None
 
-    def _not_found(self, exc) -> str:
-        """A 404: the model is not served there (say which are), or the URL is no OpenAI API."""
-        import openai
+def endpoint_api_key(config, field: str) -> str | None:
+    """The API key of an endpoint config: from the environment variable it names (`api_key_env`),
+    never from the spec itself; None when it names none."""
+    if config.api_key_env is None:
+        return None
+    api_key = os.environ.get(config.api_key_env)
+    if not api_key:
+        raise EndpointConfigError(f"{field}.api_key_env: environment variable {config.api_key_env} is not set")
+    return api_key
 
-        try:
-            served = [model.id for model in self.client.models.list()]
-        except openai.OpenAIError:
-            return f"{self.base_url}: no OpenAI-compatible API there (HTTP 404: {api_message(exc)})"
-        if self.model not in served:
-            return f"{self.base_url}: unknown model {self.model!r} (the endpoint serves: {', '.join(served) or 'none'})"
-        return f"{self.base_url}: HTTP 404: {api_message(exc)}"
+
+def endpoint_call(base_url: str, client, model: str, create):
+    """`create()` (one request of the `openai` client); whatever goes wrong becomes a one-line EndpointError."""
+    import openai
+
+    try:
+        return create()
+    except openai.APIConnectionError as exc:
+        raise EndpointError(f"{base_url}: cannot reach the endpoint ({connection_reason(exc)})") from None
+    except openai.NotFoundError as exc:
+        raise EndpointError(not_found(base_url, client, model, exc)) from None
+    except openai.APIStatusError as exc:
+        raise EndpointError(f"{base_url}: HTTP {exc.status_code}: {api_message(exc)}") from None
+
+
+def not_found(base_url: str, client, model: str, exc) -> str:
+    """A 404: the model is not served there (say which are), or the URL is no OpenAI API."""
+    import openai
+
+    try:
+        served = [card.id for card in client.models.list()]
+    except openai.OpenAIError:
+        return f"{base_url}: no OpenAI-compatible API there (HTTP 404: {api_message(exc)})"
+    if model not in served:
+        return f"{base_url}: unknown model {model!r} (the endpoint serves: {', '.join(served) or 'none'})"
+    return f"{base_url}: HTTP 404: {api_message(exc)}"
 
 
 def connection_reason(exc) -> str:

@@ -24,6 +24,8 @@ class Row:
     completion_ids: list[int]
     mask: list[int]  # 1 on the policy's tokens that carry gradient
     advantage: float
+    behaviour_logps: list[float] | None = None  # the sampler's log-prob of each completion token
+    policy_version: int = 0  # the (oldest) weights' version that sampled it
 
 
 def training_rows(scored_groups: list[list], algorithm: str, group_size: int, scale: str, gamma: float,
@@ -39,7 +41,8 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
             ids, mask = s.trajectory.completion()
             if mask_truncated and any(turn.truncated for turn in s.trajectory.turns):
                 mask = [0] * len(mask)
-            rows.append(Row(s.trajectory.prompt_ids, ids, mask, advantage))
+            rows.append(Row(s.trajectory.prompt_ids, ids, mask, advantage, s.trajectory.behaviour_logps(),
+                            s.trajectory.policy_version))
         return rows
     if algorithm == "steppo":
         if credit == "cod":
@@ -52,7 +55,9 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
         for s, advantages in zip(scored, per_step):
             for turn, advantage in zip(s.trajectory.turns, advantages):
                 keep = 0 if mask_truncated and turn.truncated else 1
-                rows.append(Row(turn.context_ids, turn.action_ids, [keep] * len(turn.action_ids), advantage))
+                behaviour = turn.action_logprobs if len(turn.action_logprobs) == len(turn.action_ids) else None
+                rows.append(Row(turn.context_ids, turn.action_ids, [keep] * len(turn.action_ids), advantage,
+                                behaviour, turn.policy_version))
         return rows
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
@@ -92,6 +97,19 @@ def padded_rows(rows: list[Row], pad_id: int, device):
         completion_mask[i, :len(r.completion_ids)] = 1
         loss_mask[i, :len(r.mask)] = torch.tensor(r.mask, dtype=torch.long)
     return prompt, prompt_mask, completion.to(device), completion_mask.to(device), loss_mask.to(device)
+
+
+def padded_behaviour(rows: list[Row], device):
+    """The rows' behaviour log-probs, right-padded as `padded_rows`' completions; None when a row has none."""
+    import torch
+
+    if any(r.behaviour_logps is None for r in rows):
+        return None
+    width = max(len(r.completion_ids) for r in rows)
+    behaviour = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        behaviour[i, :len(r.behaviour_logps)] = torch.tensor(r.behaviour_logps, dtype=torch.float32)
+    return behaviour.to(device)
 
 
 def completion_logps(model, prompt, prompt_mask, completion, completion_mask, temperature: float,

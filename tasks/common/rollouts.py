@@ -29,6 +29,8 @@ class TurnRecord:
     reward: float  # the env's per-step reward
     truncated: bool  # the action ran out of max_tokens
     kind: str = "action"  # the env's Turn.kind ("action" also for a cut action the env never saw)
+    action_logprobs: list[float] = field(default_factory=list)  # the sampler's log-prob of each action token
+    policy_version: int = 0  # the weights' version that sampled the action
 
 
 @dataclass
@@ -50,6 +52,18 @@ class Trajectory:
     def completion_tokens(self) -> int:
         """Tokens the policy wrote (observations excluded)."""
         return sum(len(turn.action_ids) for turn in self.turns)
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weights' version that sampled one of its actions."""
+        return min((turn.policy_version for turn in self.turns), default=0)
+
+    def behaviour_logps(self) -> list[float] | None:
+        """The sampler's log-prob of each completion token (0 at the env's), aligned with
+        `completion()`; None when an action came without them (a scripted policy)."""
+        if any(len(turn.action_logprobs) != len(turn.action_ids) for turn in self.turns):
+            return None
+        return [v for turn in self.turns for v in turn.action_logprobs + [0.0] * len(turn.observation_ids)]
 
     def completion(self) -> tuple[list[int], list[int]]:
         """All ids after the prompt and their loss mask (1 on the policy's tokens, 0 on the env's)."""
@@ -159,7 +173,8 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
             trajectory = trajectories[i]
             trajectory.turns.append(TurnRecord(contexts[i].ids, gen.token_ids, observation_ids,
                                                answer.reward if answer is not None else 0.0, truncated,
-                                               answer.kind if answer is not None else "action"))
+                                               answer.kind if answer is not None else "action", gen.logprobs,
+                                               gen.policy_version))
             trajectory.actions.append(action)
             trajectory.text += action + (answer.transcript() if answer is not None else "")
             if answer is None or answer.done:

@@ -17,19 +17,40 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from models.loading import load_model, load_tokenizer, set_threads
-from models.rl_losses import grpo_loss, kl_k3, loss_denominator
+from models.rl_losses import grpo_loss, kl_k3, loss_denominator, truncated_importance_weights
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
-from tasks.common.rl_batch import completion_logps, padded_rows, training_rows
+from tasks.common.rl_batch import completion_logps, padded_behaviour, padded_rows, training_rows
 from tasks.common.ranks import split_and_gather
+from tasks.common.rl_rollouts import rollouts_of
 from tasks.common.rollouts import LocalPolicy, Trajectory, TurnRecord, roll_out
+from tasks.common.server_policy import ServerPolicy
+from tasks.common.weight_sync import WeightSync
 from tasks.common.training import start_training
-from tasks.config import ONE_SEQUENCE_ONLY, PLOT_MODULES, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
+from tasks.config import (
+    ONE_SEQUENCE_ONLY,
+    PLOT_MODULES,
+    AntiDoom,
+    DynamicSampling,
+    Overlong,
+    Rollout,
+    SpecView,
+    TrainStage,
+)
+
+
+class Asynchronous(BaseModel):
+    """Rollouts for the next steps decode while the trainer trains: at most `max_staleness` policy
+    versions behind the weights a step trains (older rows are dropped and counted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_staleness: int = Field(1, ge=1)
 
 
 class RlStage(TrainStage):
@@ -72,6 +93,9 @@ class RlStage(TrainStage):
     warmup_steps: int = Field(5, ge=0)
     checkpoint_every: int = Field(50, gt=0)
     samples_every: int = Field(10, gt=0)  # a table of the step's episodes to the trackers of report_to
+    rollout: Rollout = Field(default_factory=Rollout)
+    asynchronous: Asynchronous | None = None
+    importance_cap: float = Field(2.0, gt=0)  # C of the truncated importance weights (server-sampled rows)
 
     @model_validator(mode="after")
     def _clip_range(self):
@@ -81,6 +105,15 @@ class RlStage(TrainStage):
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
         if self.credit == "cod" and self.algorithm != "steppo":
             raise ValueError("credit: cod assigns credit per step; use algorithm: steppo")
+        if self.rollout.backend == "server" and self.rollout.sync_folder is None:
+            raise ValueError("rollout.sync_folder: an rl stage on a server publishes its weights there (a folder the "
+                             "server reads: serve-model's --lora-folder)")
+        if self.asynchronous is not None and self.rollout.backend != "server":
+            raise ValueError("asynchronous: needs rollout.backend server (rollouts decode there while this trains)")
+        if self.asynchronous is not None and self.asynchronous.max_staleness < self.rollout.sync_every - 1:
+            raise ValueError(f"asynchronous.max_staleness ({self.asynchronous.max_staleness}) must be at least "
+                             f"rollout.sync_every - 1 ({self.rollout.sync_every - 1}): rollouts wait for weights "
+                             "that recent")
         if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
             self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
         return self
@@ -89,7 +122,14 @@ class RlStage(TrainStage):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs]
 
     def params(self) -> dict:
-        return {key: value for key, value in super().params().items() if key != "samples_every"}  # reporting only
+        """Without reporting (`samples_every`) and where the rollout server is (its URL, key, folder);
+        a local stage's key leaves out the server's fields altogether (keys made before they existed hold)."""
+        params = {key: value for key, value in super().params().items() if key != "samples_every"}
+        if self.rollout.backend == "local":
+            return {key: value for key, value in params.items()
+                    if key not in ("rollout", "asynchronous", "importance_cap")}
+        params["rollout"] = self.rollout.model_dump(include={"backend", "model", "sync_every"})
+        return params
 
     def stage_refs(self):
         return [("policy", self.policy, "checkpoint")]
@@ -172,9 +212,10 @@ def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, se
     return [(env_id, pools[env_id][rng.randrange(len(pools[env_id]))]) for env_id in env_ids]
 
 
-def sample_groups(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, seed: int,
+def sample_groups(policy, tokenizer, envs: dict, rubric_of: dict, picked, stage: RlStage, seed: int,
                   detector: DoomLoopDetector, device: str = "cpu") -> list[list[Scored]]:
-    """`group_size` scored episodes of each picked task, one group per task, in picked order.
+    """`group_size` scored episodes of each picked task, one group per task, in picked order, played
+    by `policy` (the local engine's LocalPolicy, or a ServerPolicy).
 
     Episode j of group i samples with seed `seed + i * group_size + j`; under several processes
     each samples its share of the groups and all of them end up with every group
@@ -189,17 +230,15 @@ def sample_groups(model, tokenizer, envs: dict, rubric_of: dict, picked, stage: 
             if not indices:
                 continue
             tasks = [picked[i][1] for i in indices for _ in range(size)]
-            trajectories = roll_out(LocalPolicy(model, tokenizer, len(tasks)), tokenizer, env, tasks, params,
+            trajectories = roll_out(policy, tokenizer, env, tasks, params,
                                     episode_seeds=[seed + i * size + j for i in indices for j in range(size)])
             for k, i in enumerate(indices):
                 group = trajectories[k * size:(k + 1) * size]
                 scored[i] = [score_trajectory(t, env, rubric_of[env_id], stage, detector) for t in group]
         return [scored[i] for i in mine]
 
-    groups = split_and_gather(len(picked), play, device, encode=lambda group: [scored_data(s) for s in group],
-                              decode=lambda i, data: [scored_from_data(d, picked[i][1]) for d in data])
-    model.train()
-    return groups
+    return split_and_gather(len(picked), play, device, encode=lambda group: [scored_data(s) for s in group],
+                            decode=lambda i, data: [scored_from_data(d, picked[i][1]) for d in data])
 
 
 def scored_data(scored: Scored) -> dict:
@@ -219,13 +258,13 @@ def has_signal(group: list[Scored]) -> bool:
     return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
 
 
-def collect(model, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int, detector, device: str = "cpu"):
+def collect(policy, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int, detector, device: str = "cpu"):
     """The step's training groups, every episode it sampled, and how many draws it took."""
     kept, sampled, draws = [], [], 0
     while True:
         picked = step_tasks(pools, stage.envs, stage.prompts_per_step, stage.seed, step, draws)
         # a million episode seeds per draw: no two episodes of the stage share one
-        groups = sample_groups(model, tokenizer, envs, rubric_of, picked, stage,
+        groups = sample_groups(policy, tokenizer, envs, rubric_of, picked, stage,
                                ((stage.seed * 1_000_003 + step) * 1024 + draws) * 1_000_000, detector, device)
         sampled += [s for group in groups for s in group]
         draws += 1
@@ -300,7 +339,9 @@ class Piece:
     batch: tuple  # prompt, prompt mask, completion, completion mask, loss mask (padded_rows)
     advantages: object
     ref_logps: object = None
-    old_logps: object = None  # the sampling policy's: the first iteration's, detached
+    old_logps: object = None  # the trainer's before the update: the first iteration's, detached
+    behaviour_logps: object = None  # the sampler's, when another engine sampled the rows (a server)
+    importance_weights: object = None  # truncated_importance_weights of old against behaviour
 
 
 def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, pad_id: int) -> tuple[dict, int]:
@@ -316,23 +357,31 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
     denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \
         / learner.shards(step_rows)
     share = training.shard(step_rows)
-    pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device))
+    server = stage.rollout.backend == "server"  # its log-probs differ from the trainer's: importance-weighted
+    pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device),
+                    behaviour_logps=padded_behaviour(rows, device) if server else None)
               for rows in learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids)) for r in share])]
     for piece in pieces:
         piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
-    totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0}
+    totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0, "weight": 0.0, "capped": 0.0,
+              "mismatch": 0.0}
+    level = "sequence" if stage.algorithm == "steppo" else "token"
     for iteration in range(stage.num_iterations):
         for index, piece in enumerate(pieces):
             prompt, prompt_mask, completion, completion_mask, loss_mask = piece.batch
             with training.accelerator.autocast():
                 logps, entropy = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask,
                                                   stage.temperature, with_entropy=iteration == 0)
-                if iteration == 0:  # the sampling policy: the ratio is 1 on the first pass
+                if iteration == 0:  # the ratio is 1 on the first pass
                     piece.old_logps = logps.detach()
+                    if piece.behaviour_logps is not None:
+                        piece.importance_weights = truncated_importance_weights(
+                            piece.old_logps, piece.behaviour_logps, loss_mask, stage.importance_cap, level)
                 loss, clip_fraction = grpo_loss(
                     logps, piece.old_logps, piece.advantages, loss_mask, epsilon_low=stage.epsilon_low,
                     epsilon_high=stage.epsilon_high, aggregation=stage.loss_aggregation, ref_logps=piece.ref_logps,
                     max_completion_length=max_length, beta=stage.beta, denominator=denominator,
+                    importance_weights=piece.importance_weights,
                     ratio_level="sequence" if stage.algorithm == "steppo" else "token")
             learner.backward(loss, last=index == len(pieces) - 1)
             tokens = int(loss_mask.sum())
@@ -344,13 +393,58 @@ def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, 
                 totals["entropy"] += (entropy * mask).sum().item()
                 if piece.ref_logps is not None:
                     totals["kl"] += (kl_k3(piece.old_logps, piece.ref_logps) * mask).sum().item()
+                if piece.importance_weights is not None:
+                    totals["weight"] += piece.importance_weights.sum().item()
+                    totals["capped"] += ((piece.importance_weights >= stage.importance_cap) & (mask > 0)).sum().item()
+                    totals["mismatch"] += ((piece.old_logps - piece.behaviour_logps).abs() * mask).sum().item()
         learner.update()
     trained = max(1, totals["tokens"])
     metrics = {"loss": totals["loss"], "clip_fraction": totals["clipped"] / trained,
                "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces)}
     if stage.beta:
         metrics["kl"] = totals["kl"] / trained
+    if server:  # how far the server's log-probs are from the trainer's, and what the weights made of it
+        metrics.update(importance_weight=totals["weight"] / trained, importance_capped=totals["capped"] / trained,
+                       logp_mismatch=totals["mismatch"] / trained)
     return metrics, totals["tokens"]
+
+
+def train_on(rollouts, step: int, training, reference, stage: RlStage, tokenizer) -> None:
+    """One step: the step's rollouts, the update on them, the metrics; then the new weights go out."""
+    began = time.perf_counter()
+    batch = rollouts.take(step)
+    groups, sampled = batch.groups, batch.sampled
+    metrics = batch_metrics(sampled, list(stage.envs))
+    completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
+    collected = time.perf_counter()
+    if groups:  # empty when dynamic sampling found no group with signal within its draws
+        update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
+        metrics.update(update)
+    # where a step's time goes: sampling and scoring episodes (or waiting for them), then the policy update
+    metrics.update(rollout_seconds=collected - began, update_seconds=time.perf_counter() - collected)
+    if stage.dynamic_sampling is not None:
+        metrics.update(kept_groups=len(groups), draws=batch.draws)
+    if stage.rollout.backend == "server":
+        metrics.update(stale_groups=batch.stale_groups, staleness=sum(k * n for k, n in batch.staleness.items())
+                       / max(1, sum(batch.staleness.values())),
+                       **{f"staleness_{k}": n for k, n in sorted(batch.staleness.items())})
+    training.record(step, completion_tokens, **metrics)
+    if training.trackers.active and (step + 1) % stage.samples_every == 0:
+        training.trackers.log_table(step + 1, sample_rows(sampled))
+    rollouts.trained(step + 1)
+
+
+def rollout_source(stage: RlStage, ctx: StageContext, policy, tokenizer, training, collect_with):
+    """The stage's Rollouts: its own engine, or the server of `rollout:` with the weight sync to it."""
+    local = LocalPolicy(policy, tokenizer, stage.prompts_per_step * stage.group_size)
+    if stage.rollout.backend == "local":
+        return rollouts_of(stage, collect_with, local, policy)
+    if stage.asynchronous is not None and training.accelerator.num_processes > 1:
+        raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
+    server = ServerPolicy.of(stage.rollout, tokenizer)
+    server.check(SamplingParams(1, stage.temperature))  # one line naming the endpoint, before any training
+    sync = WeightSync(server, stage.rollout.sync_folder, ctx.stage_id, ctx.model.lora is not None)
+    return rollouts_of(stage, collect_with, local, policy, server, sync)
 
 
 def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
@@ -369,23 +463,15 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     reference = load_model(source, ctx.model).to(training.accelerator.device).eval() if stage.beta and not lora \
         else None
     detector = DoomLoopDetector()
-    for step in range(training.start, stage.steps):
-        began = time.perf_counter()
-        groups, sampled, draws = collect(policy, tokenizer, envs, rubric_of, pools, stage, step, detector,
-                                         str(training.accelerator.device))
-        metrics = batch_metrics(sampled, list(stage.envs))
-        completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
-        collected = time.perf_counter()
-        if groups:  # empty when dynamic sampling found no group with signal within its draws
-            update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
-            metrics.update(update)
-        # where a step's time goes: sampling and scoring episodes, then the policy update
-        metrics.update(rollout_seconds=collected - began, update_seconds=time.perf_counter() - collected)
-        if stage.dynamic_sampling is not None:
-            metrics.update(kept_groups=len(groups), draws=draws)
-        training.record(step, completion_tokens, **metrics)
-        if training.trackers.active and (step + 1) % stage.samples_every == 0:
-            training.trackers.log_table(step + 1, sample_rows(sampled))
+    device = str(training.accelerator.device)
+    rollouts = rollout_source(stage, ctx, policy, tokenizer, training, lambda rollout_policy, step: collect(
+        rollout_policy, tokenizer, envs, rubric_of, pools, stage, step, detector, device))
+    rollouts.start(training.start)
+    try:
+        for step in range(training.start, stage.steps):
+            train_on(rollouts, step, training, reference, stage, tokenizer)
+    finally:
+        rollouts.close()
     history = training.history
     last = history[-10:]
     return training.finish({"algorithm": stage.algorithm,

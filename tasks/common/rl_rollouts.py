@@ -1,0 +1,129 @@
+"""Where an rl stage's rollouts come from, step by step: the local engine, an inference server in
+lockstep with the trainer, or an inference server running ahead of it (asynchronous RL).
+
+`Rollouts.take(step)` returns the step's collected batch; `Rollouts.trained(version)` tells it the
+trainer has taken `version` optimizer steps, which publishes the weights to a server when due
+(tasks/common/weight_sync.py). Asynchronously, a producer thread collects the batches of steps
+t+1 … t+k while the trainer trains step t, each no more than k = `max_staleness` versions behind
+the weights that train on it: the batch of step s is collected once version s − k is published.
+Rows older than that are dropped and counted (`stale_groups`); what a batch waited for goes in
+`rollout_wait_seconds`. A stage killed and rerun resumes from its checkpoint: batches that were
+in flight are collected again from the resumed weights.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Batch:
+    groups: list  # the step's training groups (lists of Scored)
+    sampled: list  # every episode the step sampled
+    draws: int
+    stale_groups: int = 0  # groups dropped for being more than max_staleness versions old
+    staleness: Counter = field(default_factory=Counter)  # trained version − sampling version, per kept episode
+
+
+class Rollouts:
+    """The local engine (`policy` a LocalPolicy) or a server in lockstep (a ServerPolicy with its
+    WeightSync): each step's batch is collected when the trainer asks for it."""
+
+    def __init__(self, collect, policy, model, sync=None, sync_every: int = 1):
+        self.collect, self.policy, self.model = collect, policy, model
+        self.sync, self.sync_every = sync, sync_every
+        self.version = 0
+
+    def start(self, version: int) -> None:
+        self.version = version
+        if self.sync is not None:
+            self.sync.publish(self.model, version)
+
+    def take(self, step: int) -> Batch:
+        groups, sampled, draws = self.collect(self.policy, step)
+        self.model.train()  # the local engine decodes in eval mode
+        return Batch(groups, sampled, draws, staleness=Counter(self.version - s.trajectory.policy_version
+                                                                for s in sampled))
+
+    def trained(self, version: int) -> None:
+        self.version = version
+        if self.sync is not None and version % self.sync_every == 0:
+            self.sync.publish(self.model, version)
+
+    def close(self) -> None:
+        """Nothing runs in the background here."""
+
+
+class AheadRollouts(Rollouts):
+    """A producer thread collecting on the server up to `max_staleness` steps ahead of the trainer."""
+
+    def __init__(self, collect, policy, model, sync, sync_every: int, max_staleness: int, steps: int):
+        super().__init__(collect, policy, model, sync, sync_every)
+        self.max_staleness, self.steps = max_staleness, steps
+        self.published = threading.Condition()
+        self.published_version = -1
+        self.batches: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self, version: int) -> None:
+        super().start(version)
+        self._published(version)
+        self.thread = threading.Thread(target=self._produce, args=(version,), name="rl-rollouts", daemon=True)
+        self.thread.start()
+
+    def trained(self, version: int) -> None:
+        super().trained(version)
+        if version % self.sync_every == 0:
+            self._published(version)
+
+    def take(self, step: int) -> Batch:
+        produced_step, produced = self.batches.get()
+        if isinstance(produced, BaseException):
+            raise produced
+        assert produced_step == step, f"rollouts of step {produced_step} arrived for step {step}"
+        oldest = self.version - self.max_staleness
+        kept = [group for group in produced.groups if min(s.trajectory.policy_version for s in group) >= oldest]
+        produced.stale_groups = len(produced.groups) - len(kept)
+        produced.groups = kept
+        produced.staleness = Counter(self.version - s.trajectory.policy_version for group in kept for s in group)
+        return produced
+
+    def close(self) -> None:
+        self.stopping.set()
+        with self.published:
+            self.published.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=600)
+
+    def _published(self, version: int) -> None:
+        with self.published:
+            self.published_version = version
+            self.published.notify_all()
+
+    def _produce(self, start: int) -> None:
+        for step in range(start, self.steps):
+            with self.published:
+                while self.published_version < step - self.max_staleness and not self.stopping.is_set():
+                    self.published.wait()
+            if self.stopping.is_set():
+                return
+            try:
+                groups, sampled, draws = self.collect(self.policy, step)
+            except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next take
+                self.batches.put((step, exc))
+                return
+            self.batches.put((step, Batch(groups, sampled, draws)))
+
+
+def rollouts_of(stage, collect, local_policy, model, server_policy=None, sync=None) -> Rollouts:
+    """The stage's rollout source: local, a server in lockstep, or a server running ahead."""
+    if stage.rollout.backend == "local":
+        return Rollouts(collect, local_policy, model)
+    if stage.asynchronous is None:
+        return Rollouts(collect, server_policy, model, sync, stage.rollout.sync_every)
+    return AheadRollouts(collect, server_policy, model, sync, stage.rollout.sync_every,
+                         stage.asynchronous.max_staleness, stage.steps)

@@ -1,0 +1,102 @@
+"""The policy on an inference server, token in / token out: `rollout: {backend: server}`.
+
+It plugs into `tasks.common.rollouts.roll_out` like the local model. Each running episode's context
+goes out as token ids to the server's `/v1/completions` (vLLM's token-id prompt; `posttrain
+serve-model` speaks the same), one request per episode with that episode's seed, the requests of
+a turn concurrently so that the server decodes them as one batch. The answer must carry the
+generated ids (vLLM ≥ 0.10.2's `return_token_ids`) and each one's log-prob (`logprobs: 0`): the
+rows hold exactly the ids the server sampled and the behaviour policy's log-probs, never a
+re-tokenised text. Multi-turn episodes continue from the ids, so env-written tokens stay what the
+env wrote (and masked).
+
+After a weight sync (tasks/common/weight_sync.py) requests name the new weights: the published
+LoRA adapter's name, or, after a full-weight reload on serve-model, the same name and the server's
+`weights_version`. Every generation records the version that produced it.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from models.sampling import Generation, SamplingParams, before_stop, chat_prompt
+from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
+from tasks.common.rollouts import Context
+
+MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
+NEEDS = "token ids and log-probs (vLLM >= 0.10.2: return_token_ids; or posttrain serve-model)"
+
+
+class ServerPolicy:
+    """`act` and `complete` of the rollout loop's policy protocol over `/v1/completions`."""
+
+    def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None,
+                 max_concurrent: int = MAX_CONCURRENT, timeout: float = 600.0):
+        from openai import OpenAI
+
+        self.base_url, self.served_model, self.tokenizer = base_url, model, tokenizer
+        # (the name requests use, the weights' version it stands for): the served model at version 0,
+        # then the latest synced adapter, or the served name again after a full-weight reload
+        self.target: tuple[str, int] = (model, 0)
+        self.max_concurrent = max_concurrent
+        self.api_key = api_key
+        self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=1, timeout=timeout)
+
+    @classmethod
+    def of(cls, rollout, tokenizer, field: str = "rollout") -> "ServerPolicy":
+        """The policy of a stage's `rollout:` config; its key from the variable it names."""
+        return cls(rollout.endpoint, rollout.model, tokenizer, api_key=endpoint_api_key(rollout, field))
+
+    def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
+            seeds: list[int]) -> list[Generation]:
+        requests = [(context.ids, seed) for context, seed in zip(contexts, seeds)]
+        if len(requests) == 1:
+            return [self.generate(*requests[0], params)]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(requests))) as pool:
+            return list(pool.map(lambda request: self.generate(*request, params), requests))
+
+    def complete(self, prompt: str, params: SamplingParams) -> str:
+        """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`), greedy."""
+        generation = self.generate(chat_prompt(self.tokenizer, prompt), 0, replace(params, stop=()))
+        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+    def generate(self, prompt_ids: list[int], seed: int, params: SamplingParams) -> Generation:
+        """One completion of `prompt_ids`, as the local engine returns it: the ids sampled (the end
+        token or the one completing a stop string included), their log-probs, the text before the stop."""
+        model, version = self.target
+        response = endpoint_call(self.base_url, self.client, model, lambda: self.client.completions.create(
+            model=model, prompt=prompt_ids, **self._sampling(params, seed)))
+        choice = response.choices[0]
+        token_ids, logprobs = returned_tokens(self.base_url, choice)
+        reported = (response.model_extra or {}).get("weights_version")  # serve-model, after a full-weight reload
+        finish_reason = "length" if choice.finish_reason == "length" else "stop"
+        text = before_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), params.stop)
+        return Generation(text, token_ids, logprobs, finish_reason,
+                          policy_version=reported if type(reported) is int and reported >= 0 else version)
+
+    def check(self, params: SamplingParams | None = None) -> None:
+        """Fail now, in one line, unless the server serves the model and returns what rollouts need."""
+        prompt = chat_prompt(self.tokenizer, "hi")
+        self.generate(prompt, 0, params or SamplingParams(1))
+
+    def _sampling(self, params: SamplingParams, seed: int) -> dict:
+        extra = {"return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": True}
+        if params.top_k > 0:
+            extra["top_k"] = params.top_k
+        sampling = {"temperature": 0 if params.temperature is None else params.temperature, "top_p": params.top_p,
+                    "max_tokens": params.max_new_tokens, "seed": seed, "logprobs": 0, "extra_body": extra}
+        return {**sampling, "stop": list(params.stop)} if params.stop else sampling
+
+
+def returned_tokens(base_url: str, choice) -> tuple[list[int], list[float]]:
+    """The generated ids and their log-probs of an answer's choice, checked: a server (hostile or just
+    another kind) that returns neither, or mismatched ones, is an EndpointError, never a guessed row."""
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    logprobs = getattr(choice.logprobs, "token_logprobs", None) if choice.logprobs is not None else None
+    if not isinstance(token_ids, list) or not all(type(i) is int and i >= 0 for i in token_ids):
+        raise EndpointError(f"{base_url}: the answer has no generated token ids; rollouts need {NEEDS}")
+    if not isinstance(logprobs, list) or len(logprobs) != len(token_ids) or not all(
+            isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
+        raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
+    return token_ids, [float(v) for v in logprobs]
