@@ -141,12 +141,14 @@ class ServedModel:
             raise ServingError(404, "runtime weight loading is off (start serve-model with --lora-folder)")
         files = weight_files(self.adapters.inside(request.weights_path, "weights_path"))
         with self.batcher.engine:
+            if self.adapters.names:  # trained on the weights about to change
+                raise ServingError(400, f"unload the runtime adapters first ({', '.join(self.adapters.served())})")
             copy_weights(self.model, files)
             self.weights_version = request.version
 
     def unload_adapter(self, name: str) -> None:
         with self.batcher.engine:
-            self.adapters.unload(self.model, name)
+            self.model = self.adapters.unload(self.model, name)
 
     def complete(self, request: ChatRequest) -> dict:
         """A chat request answered in this process (no HTTP): through the engine thread, as a request is."""

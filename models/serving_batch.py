@@ -82,6 +82,7 @@ class Batcher:
         self.batches: deque[tuple[int, int]] = deque(maxlen=1024)
         self.engine = threading.Lock()  # held while a batch decodes
         self.waiting = 0  # jobs submitted and not yet decoding (or dropped)
+        self.dropped = 0  # jobs their requests gave up on before the engine took them
         self._count = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="serve-model-engine", daemon=True)
         self.thread.start()
@@ -126,6 +127,7 @@ class Batcher:
         jobs = [job for job in group if job.claim()]
         with self._count:
             self.waiting -= len(group)
+            self.dropped += len(group) - len(jobs)
         if not jobs:
             return
         prompts = [p for job in jobs for p in job.prompts]

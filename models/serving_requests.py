@@ -130,22 +130,22 @@ class ChatRequest(SamplingRequest):
         return self.top_logprobs or 0
 
 
-PromptIds = list[int]
-
-
 class CompletionRequest(SamplingRequest):
     """A completion of raw prompts: text (tokenized as is, no chat template) or token ids, one
     prompt or a list of them (the choices come prompt by prompt, `n` each)."""
 
-    prompt: str | PromptIds | list[str] | list[PromptIds]
+    prompt: str | list  # a text, token ids, or a list of either (checked by `_bounded_prompt`)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # log-probs of the sampled tokens and this many more
     echo: bool = False
     return_tokens_as_token_ids: bool = False
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _bounded_prompt(cls, prompt):
-        prompts = prompt_list(prompt)
+        prompts = prompt_list(prompt) if isinstance(prompt, (str, list)) else None
+        if prompts is None or not all(isinstance(one, str) or (isinstance(one, list) and all(
+                type(i) is int for i in one)) for one in prompts):
+            raise ValueError("a text, a list of token ids (integers), or a list of either")
         if not prompts or len(prompts) > MAX_PROMPTS:
             raise ValueError(f"between 1 and {MAX_PROMPTS} prompts, not {len(prompts)}")
         for one in prompts:

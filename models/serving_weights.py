@@ -119,11 +119,16 @@ class Adapters:
         self.names.add(request.lora_name)
         return model
 
-    def unload(self, model, name: str) -> None:
+    def unload(self, model, name: str):
+        """`model` without the adapter: the plain served model again once the last one goes (a peft
+        model left with no adapter is not a working model)."""
         if name not in self.names:
             raise ServingError(404, f"The LoRA adapter `{name}` is not loaded.", param="lora_name")
-        model.delete_adapter(name)
         self.names.discard(name)
+        if not self.names:
+            return model.unload()
+        model.delete_adapter(name)
+        return model
 
     def served(self) -> list[str]:
         return sorted(self.names)
@@ -176,7 +181,7 @@ def copy_weights(model, files: list[Path]) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params = served_tensors(model)
     try:
         state = {name: tensor for file in files for name, tensor in load_file(str(file)).items()}
     except (SafetensorError, OSError, ValueError) as exc:
@@ -185,14 +190,22 @@ def copy_weights(model, files: list[Path]) -> None:
     unknown = sorted(set(state) - set(params))
     if unknown:
         raise ServingError(400, f"weights_path: {unknown[0]} is not a tensor of the served model", param="weights_path")
-    tied = {name for name, p in params.items() if any(p is q for other, q in params.items() if other in state)}
-    missing = sorted(set(params) - set(state) - tied)
-    if missing:
-        raise ServingError(400, f"weights_path: {missing[0]} is missing", param="weights_path")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(params[name].shape):
             raise ServingError(400, f"weights_path: {name} is {list(tensor.shape)}, the served model's is "
                                     f"{list(params[name].shape)}", param="weights_path")
+    tied = {name for name, p in params.items() if any(p is q for other, q in params.items() if other in state)}
+    missing = sorted(set(params) - set(state) - tied)
+    if missing:
+        raise ServingError(400, f"weights_path: {missing[0]} is missing", param="weights_path")
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
+
+
+def served_tensors(model) -> dict:
+    """The served model's parameters by their names in a saved checkpoint (under a peft wrapper, that
+    of its base model: a LoRA layer's `base_layer` is the plain weight; the adapters' own are left out)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {name.replace(".base_layer", ""): param for name, param in base.named_parameters(remove_duplicate=False)
+            if ".lora_" not in name}

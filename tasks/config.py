@@ -171,6 +171,11 @@ class StageBase(BaseModel):
         """Called when preference stage `preference_id` pairs this stage's rollouts: raise unless
         every prompt group holds two completions, sampled ones among them."""
 
+    def endpoints(self) -> list[tuple[str, object]]:
+        """(field, config) of the servers the stage talks to: a `rollout` server (Rollout), a teacher
+        or a judge (Endpoint); what `posttrain validate --check-endpoints` checks."""
+        return []
+
     def params(self) -> dict:
         """What decides the stage's output (its cache key), without orchestration settings."""
         return self.model_dump(exclude={"id", *Defaults.model_fields})
@@ -230,6 +235,14 @@ class Rollout(BaseModel):
 
     def describe(self) -> str:
         return f"{self.model} at {self.endpoint}"
+
+    def keyed(self, params: dict, server_only: tuple[str, ...] = ()) -> dict:
+        """A stage's cache-key params with this rollout config in them: what decides the rows (backend,
+        model, sync interval), not where the server is; a local rollout leaves the rollout field (and
+        `server_only` fields) out altogether, so keys made before these fields existed hold."""
+        if self.backend == "local":
+            return {key: value for key, value in params.items() if key not in ("rollout", *server_only)}
+        return {**params, "rollout": self.model_dump(include={"backend", "model", "sync_every"})}
 
 
 # what drawing a report's curves imports (~0.5 s, then ~1 s for the first figure): loaded once by

@@ -215,3 +215,29 @@ def test_connections_past_the_cap_get_503_and_the_cap_frees_with_them():
             assert ask(base_url).status_code == 503
         time.sleep(limits.read_timeout + 1)
         completes_promptly(base_url)
+
+
+def test_a_request_past_its_deadline_gets_504_and_a_gone_client_is_never_decoded():
+    from models.serving_app import make_app
+
+    limits = Limits(read_timeout=5.0, queue_timeout=60.0, request_timeout=0.5)
+    app = make_app(trained_checkpoint(), NAME, limits=limits)
+    batcher = app.state.served.batcher
+    with running_app(app) as base_url:
+        with batcher.engine:  # a batch ahead of these that takes long
+            started = time.monotonic()
+            refused(ask(base_url), 504, None, "did not finish within 0.5 s")
+            assert time.monotonic() - started < limits.request_timeout + 5
+            body = json.dumps({"model": NAME, "messages": HI, "max_tokens": 8}).encode()
+            with raw(base_url) as gone:
+                gone.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                deadline = time.monotonic() + 10
+                while batcher.queued() < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert batcher.queued() == 2
+            time.sleep(0.5)  # the server notices the hang-up within a poll
+            decoded = len(batcher.batches)
+        completes_promptly(base_url)
+        assert batcher.dropped == 2  # neither the late request nor the gone one was decoded
+        assert len(batcher.batches) == decoded + 1

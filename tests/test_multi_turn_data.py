@@ -63,9 +63,10 @@ def test_generate_writes_whole_episodes_with_complementary_masks():
     from envs.doom import DoomLoopDetector
     from models.config import ModelConfig
     from models.loading import load_model
+    from tasks.common.rollouts import LocalPolicy
     from tasks.stages.generate import GenerateStage, episode_rows
 
-    model = load_model(materialize("tiny-llama"), ModelConfig())
+    model = LocalPolicy(load_model(materialize("tiny-llama"), ModelConfig()), TOKENIZER)
     stage = GenerateStage(kind="generate", id="g", policy="sft", env="calc", n=2, samples=2, greedy=1, max_tokens=8)
     tasks = ENV.tasks("train", 2, 0)
     rows = episode_rows(ENV, tasks, model, TOKENIZER, stage, DoomLoopDetector())

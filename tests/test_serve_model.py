@@ -244,6 +244,21 @@ def test_serve_model_input_errors_are_one_line(tmp_path):
             assert str(error.value) == message
     with pytest.raises(ServeModelInputError, match=r"^--queue-timeout: must be positive, not 0$"):
         serve_model(checkpoint, store.uri, "127.0.0.1", 0, None, Limits(queue_timeout=0))
+    with pytest.raises(ServeModelInputError, match=r"^--request-timeout: must be positive, not -1$"):
+        serve_model(checkpoint, store.uri, "127.0.0.1", 0, None, Limits(request_timeout=-1))
+    with pytest.raises(ServeModelInputError, match=r"^--batch-window: seconds between 0 and 10, not 11$"):
+        serve_model(checkpoint, store.uri, "127.0.0.1", 0, None, Limits(batch_window=11))
+    with pytest.raises(ServeModelInputError, match=rf"^--lora-folder: {tmp_path / 'a-file'} is not a folder$"):
+        serve_model(checkpoint, store.uri, "127.0.0.1", 0, None, lora_folder=str(tmp_path / "a-file"))
+
+
+def test_serve_model_api_key_variable_must_be_set(capsys, monkeypatch):
+    from flows.cli.main import main
+
+    monkeypatch.delenv("POSTTRAIN_NO_SUCH_KEY", raising=False)
+    assert main(["serve-model", "t/sft@0123456789abcdef", "--api-key-env", "POSTTRAIN_NO_SUCH_KEY"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: --api-key-env: environment variable POSTTRAIN_NO_SUCH_KEY is not set"
 
 
 def test_serve_model_loads_a_checkpoint_with_its_specs_model_config(tmp_path):

@@ -144,3 +144,67 @@ def tight_server():
     app = make_app(trained_checkpoint(), NAME)
     with running_app(app) as url:
         yield url, app
+
+
+def test_validate_check_endpoints_reports_a_server_that_cannot_serve_rollouts(base_url, tmp_path, capsys):
+    import yaml
+
+    from flows.cli.main import main
+
+    def spec_with(endpoint: str, model: str = NAME) -> str:
+        rollout = {"backend": "server", "endpoint": endpoint, "model": model, "sync_folder": str(tmp_path)}
+        spec = {"name": "t", "store": f"file://{tmp_path / 'store'}", "envs": {"arith": {"kind": "arith"}},
+                "stages": [{"id": "warmup", "kind": "synthesize", "env": "arith", "n": 4},
+                           {"id": "sft", "kind": "sft", "data": "warmup", "max_steps": 2},
+                           {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
+                            "rollout": rollout}]}
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return str(path)
+
+    assert main(["validate", "--check-endpoints", spec_with(base_url)]) == 0
+    assert f"stages.rl.rollout: {NAME} at {base_url} answers" in capsys.readouterr().out
+    port = free_port()
+    for endpoint, model, words in ((f"http://127.0.0.1:{port}/v1", NAME, "cannot reach the endpoint"),
+                                   (base_url, "other", "unknown model 'other'")):
+        assert main(["validate", "--check-endpoints", spec_with(endpoint, model)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: stages.rl.rollout: {endpoint}: {words}") and "\n" not in err, err
+    assert not (tmp_path / "store").exists()  # nothing written
+
+
+@pytest.mark.parametrize("env_id", ["arith", "calc"])
+def test_generate_and_evaluate_through_the_server_write_what_local_decoding_writes(base_url, tmp_path, env_id):
+    from test_serve_model import trained_checkpoint
+
+    from artifacts.store import Store
+    from models.config import ModelConfig
+    from tasks.common.context import StageContext
+    from tasks.common.datasets import read_rows
+    from tasks.stages.evaluate import EvaluateStage
+    from tasks.stages.evaluate import run as evaluate
+    from tasks.stages.generate import GenerateStage
+    from tasks.stages.generate import run as generate
+
+    store = Store(f"file://{tmp_path / 'store'}")
+    policy_ref = store.commit("t/sft", "checkpoint", trained_checkpoint(), producer={})
+    server = {"backend": "server", "endpoint": base_url, "model": NAME}
+
+    def context(stage_id: str, workdir: str) -> StageContext:
+        return StageContext(store=store, pipeline="t", run_id="r", stage_id=stage_id, cache_key="k",
+                            model=ModelConfig(), envs={"arith": ARITH.config, "calc": CALC.config},
+                            inputs={"sft": str(policy_ref)}, workdir=tmp_path / workdir)
+
+    def rows(outputs, name):
+        return [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items() if k != "logprobs"}
+                for row in read_rows(outputs[name].local_dir)]
+
+    fields = {"kind": "generate", "id": "g", "policy": "sft", "env": env_id, "n": 4, "samples": 2, "greedy": 1,
+              "max_tokens": 32}
+    local = generate(GenerateStage(**fields), context("g", "local"))
+    remote = generate(GenerateStage(**fields, rollout=server), context("g", "remote"))
+    assert rows(remote, "rollouts") == rows(local, "rollouts")
+    fields = {"kind": "evaluate", "id": "e", "checkpoints": ["sft"], "envs": [env_id], "n": 6, "max_new_tokens": 32}
+    local = evaluate(EvaluateStage(**fields), context("e", "local-e"))
+    remote = evaluate(EvaluateStage(**fields, rollout=server), context("e", "remote-e"))
+    assert remote["results"].metrics == local["results"].metrics

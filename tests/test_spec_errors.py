@@ -114,6 +114,27 @@ CASES = {
         {**GOOD, "envs": {**GOOD["envs"], "packs": {"kind": "cod"}},
          "stages": GOOD["stages"] + [RL | {"envs": {"arith": 1.0, "packs": 1.0}}]},
         "stages[3].envs.packs: env 'packs' (cod) restarts its context"),
+    "rl server rollout without its model": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "server", "endpoint": "http://h:8000/v1"}}]},
+        "stages[3].rollout: Value error, backend server needs endpoint and model"),
+    "rl local rollout with an endpoint": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"endpoint": "http://h:8000/v1"}}]},
+        "stages[3].rollout: Value error, endpoint is for backend server (backend is local)"),
+    "rl server rollout without a sync folder": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "server", "endpoint": "http://h:8000/v1",
+                                                                "model": "m"}}]},
+        "stages[3]: Value error, rollout.sync_folder: an rl stage on a server publishes its weights there"),
+    "rl asynchronous on the local engine": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"asynchronous": {"max_staleness": 1}}]},
+        "stages[3]: Value error, asynchronous: needs rollout.backend server"),
+    "rl staleness below the sync interval": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"asynchronous": {"max_staleness": 1}, "rollout": {
+            "backend": "server", "endpoint": "http://h:8000/v1", "model": "m", "sync_folder": "/tmp/s",
+            "sync_every": 4}}]},
+        "stages[3]: Value error, asynchronous.max_staleness (1) must be at least rollout.sync_every - 1 (3)"),
+    "rl importance cap zero": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"importance_cap": 0}]},
+        "stages[3].importance_cap: Input should be greater than 0"),
     "cod credit with grpo": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"credit": "cod"}]},
         "stages[3]: Value error, credit: cod"),

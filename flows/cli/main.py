@@ -32,6 +32,10 @@ def cmd_validate(args) -> int:
 
     spec, _ = open_spec(args.spec)
     print_dag(spec)
+    if args.check_endpoints:
+        from flows.cli.endpoints import check_endpoints
+
+        check_endpoints(spec)
     return 0
 
 
@@ -156,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     validate = commands.add_parser("validate", help="check a spec and print its stage DAG")
     validate.add_argument("spec")
+    validate.add_argument("--check-endpoints", action="store_true", help="also check that every server the stages "
+                          "talk to (rollout, teacher, judge) answers and serves its model")
     validate.set_defaults(func=cmd_validate)
     status = commands.add_parser("status", help="recent runs, or one run's stages")
     status.add_argument("run_id", nargs="?")

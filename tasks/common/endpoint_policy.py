@@ -45,6 +45,20 @@ class EndpointPolicy:
         """The policy of a spec's endpoint config (`teacher:`, `judge:`)."""
         return cls(config.endpoint, config.model, tokenizer, api_key=endpoint_api_key(config, field))
 
+    def check_model(self) -> None:
+        """Fail in one line unless the endpoint answers and serves the model."""
+        import openai
+
+        try:
+            served = [card.id for card in self.client.models.list()]
+        except openai.APIConnectionError as exc:
+            raise EndpointError(f"{self.base_url}: cannot reach the endpoint ({connection_reason(exc)})") from None
+        except openai.APIStatusError as exc:
+            raise EndpointError(f"{self.base_url}: HTTP {exc.status_code}: {api_message(exc)}") from None
+        if self.model not in served:
+            raise EndpointError(f"{self.base_url}: unknown model {self.model!r} (the endpoint serves: "
+                                f"{', '.join(served) or 'none'})")
+
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seeds: list[int]) -> list[Generation]:
         """One action per context, each request with its episode's seed for this turn (a group of

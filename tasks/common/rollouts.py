@@ -103,8 +103,13 @@ class LocalPolicy:
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seeds: list[int]) -> list[Generation]:
-        return generate_tokens(self.model, self.tokenizer, [c.ids for c in contexts], params,
-                               batch_size=self.batch_size, row_seeds=seeds)
+        return self.generate_many([c.ids for c in contexts], params, seeds)
+
+    def generate_many(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
+                      on_done=None) -> list[Generation]:
+        """A completion of each prompt with its seed, `batch_size` at a time; `on_done(count)` after each batch."""
+        return generate_tokens(self.model, self.tokenizer, prompts, params, batch_size=self.batch_size,
+                               row_seeds=seeds, on_batch=on_done)
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`)."""

@@ -17,12 +17,13 @@ LoRA adapter's name, or, after a full-weight reload on serve-model, the same nam
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from models.sampling import Generation, SamplingParams, before_stop, chat_prompt
 from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
-from tasks.common.rollouts import Context
+from tasks.common.rollouts import Context, LocalPolicy
 
 MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
 NEEDS = "token ids and log-probs (vLLM >= 0.10.2: return_token_ids; or posttrain serve-model)"
@@ -50,11 +51,26 @@ class ServerPolicy:
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seeds: list[int]) -> list[Generation]:
-        requests = [(context.ids, seed) for context, seed in zip(contexts, seeds)]
-        if len(requests) == 1:
-            return [self.generate(*requests[0], params)]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(requests))) as pool:
-            return list(pool.map(lambda request: self.generate(*request, params), requests))
+        return self.generate_many([context.ids for context in contexts], params, seeds)
+
+    def generate_many(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
+                      on_done=None) -> list[Generation]:
+        """A completion of each prompt with its seed, `max_concurrent` requests in flight (the server
+        batches them); `on_done(count)` as they come back."""
+        if len(prompts) == 1:
+            return [self.generate(prompts[0], seeds[0], params)]
+        done, lock = [0], threading.Lock()
+
+        def one(prompt_seed):
+            generation = self.generate(*prompt_seed, params)
+            if on_done is not None:
+                with lock:
+                    done[0] += 1
+                    on_done(done[0])
+            return generation
+
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(prompts))) as pool:
+            return list(pool.map(one, zip(prompts, seeds)))
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`), greedy."""
@@ -75,10 +91,15 @@ class ServerPolicy:
         return Generation(text, token_ids, logprobs, finish_reason,
                           policy_version=reported if type(reported) is int and reported >= 0 else version)
 
-    def check(self, params: SamplingParams | None = None) -> None:
-        """Fail now, in one line, unless the server serves the model and returns what rollouts need."""
-        prompt = chat_prompt(self.tokenizer, "hi")
-        self.generate(prompt, 0, params or SamplingParams(1))
+    def check(self) -> None:
+        """Fail now, in one line, unless the server serves the model and returns what rollouts need
+        (one token of a one-token prompt; no tokenizer needed)."""
+        model = self.target[0]
+        response = endpoint_call(self.base_url, self.client, model, lambda: self.client.completions.create(
+            model=model, prompt=[0], **self._sampling(SamplingParams(1), 0)))
+        if not response.choices:
+            raise EndpointError(f"{self.base_url}: the answer has no choices")
+        returned_tokens(self.base_url, response.choices[0])
 
     def _sampling(self, params: SamplingParams, seed: int) -> dict:
         extra = {"return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": True}
@@ -100,3 +121,15 @@ def returned_tokens(base_url: str, choice) -> tuple[list[int], list[float]]:
             isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
         raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
     return token_ids, [float(v) for v in logprobs]
+
+
+def rollout_policy(rollout, folder, tokenizer, ctx, batch_size: int = 64):
+    """The policy a stage's `rollout:` config names: the checkpoint in `folder` on the stage's own
+    engine (loaded here), or the server's (nothing loaded), checked before anything runs."""
+    if rollout.backend == "local":
+        from models.loading import load_model
+
+        return LocalPolicy(load_model(folder, ctx.model).to(ctx.device), tokenizer, batch_size)
+    server = ServerPolicy.of(rollout, tokenizer)
+    server.check()
+    return server

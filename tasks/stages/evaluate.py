@@ -14,11 +14,11 @@ import math
 import time
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
-from models.loading import load_model, load_tokenizer, set_threads
+from models.loading import load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
@@ -26,8 +26,9 @@ from tasks.common.eval_report import write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollouts import LocalPolicy, roll_out
-from tasks.config import PLOT_MODULES, Judge, SampledEval, StageBase
+from tasks.common.rollouts import roll_out
+from tasks.common.server_policy import rollout_policy
+from tasks.config import PLOT_MODULES, Judge, Rollout, SampledEval, StageBase
 
 
 class EvaluateStage(StageBase):
@@ -47,12 +48,28 @@ class EvaluateStage(StageBase):
     sampled: SampledEval | None = SampledEval()
     judge: Judge | None = None  # also a judge model's verdict on every greedy answer
     seed: int = 0
+    rollout: Rollout = Field(default_factory=Rollout)  # decode here, or on the server serving the one checkpoint
+
+    @model_validator(mode="after")
+    def _one_served_checkpoint(self):
+        if self.rollout.backend == "server" and len(self.checkpoints) != 1:
+            raise ValueError("rollout: a server serves one model; evaluate one checkpoint per stage through it "
+                             f"(checkpoints has {len(self.checkpoints)})")
+        if self.rollout.sync_folder is not None:
+            raise ValueError("rollout.sync_folder: only an rl stage publishes weights")
+        return self
+
+    def params(self) -> dict:
+        return self.rollout.keyed(super().params())
 
     def env_refs(self):
         return [(f"envs[{i}]", env) for i, env in enumerate(self.envs)]
 
     def stage_refs(self):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
+
+    def endpoints(self) -> list[tuple[str, object]]:
+        return [("judge", self.judge)] if self.judge is not None else []
 
 
 def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:
@@ -136,13 +153,13 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                         on_update=ctx.report_progress)  # a step: one checkpoint on one env
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
-        model, tokenizer = load_model(folder, ctx.model).to(ctx.device), load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder)
+        policy = rollout_policy(stage.rollout, folder, tokenizer, ctx, stage.batch_size)
         metrics[checkpoint] = {}
         for env_id in stage.envs:
             began = time.monotonic()
-            env_rows, metrics[checkpoint][env_id] = evaluate_policy(
-                LocalPolicy(model, tokenizer, stage.batch_size), tokenizer, ctx.env(env_id),
-                stage, checkpoint, ctx.device)
+            env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, ctx.env(env_id), stage,
+                                                                    checkpoint, ctx.device)
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")

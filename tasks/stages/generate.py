@@ -17,14 +17,15 @@ from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
 from envs.doom import DoomLoopDetector
-from models.loading import context_length, load_model, load_tokenizer, set_threads
-from models.sampling import SamplingParams, chat_prompt, generate_tokens
+from models.loading import context_length, load_tokenizer, set_threads
+from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollouts import LocalPolicy, roll_out
-from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
+from tasks.common.rollouts import roll_out
+from tasks.common.server_policy import rollout_policy
+from tasks.config import ONE_SEQUENCE_ONLY, Rollout, SpecView, StageBase
 
 
 class GenerateStage(StageBase):
@@ -47,12 +48,18 @@ class GenerateStage(StageBase):
     max_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0)
     seed: int = 0
+    rollout: Rollout = Field(default_factory=Rollout)  # decode here, or on an inference server
 
     @model_validator(mode="after")
     def _some_completions(self):
         if self.samples + self.greedy < 1:
             raise ValueError("samples + greedy must be at least 1")
+        if self.rollout.sync_folder is not None:
+            raise ValueError("rollout.sync_folder: only an rl stage publishes weights")
         return self
+
+    def params(self) -> dict:
+        return self.rollout.keyed(super().params())
 
     def env_refs(self):
         return [("env", self.env)]
@@ -81,18 +88,17 @@ def sample_seeds(stage: GenerateStage, indices: list[int]) -> list[int]:
     return [stage.seed + i * stage.samples + j for i in indices for j in range(stage.samples)]
 
 
-def completions(model, tokenizer, prompt_ids: list[list[int]], stage: GenerateStage,
+def completions(policy, prompt_ids: list[list[int]], stage: GenerateStage,
                 report=lambda done: None, indices: list[int] | None = None) -> list[list]:
     """For each prompt (`indices`: their places among the stage's prompts, default 0, 1, …): its
-    sampled completions, then its greedy ones; `report(done)` as batches end."""
+    sampled completions, then its greedy ones, from `policy` (a LocalPolicy or a ServerPolicy);
+    `report(done)` as batches end."""
     indices = indices if indices is not None else list(range(len(prompt_ids)))
-    sampled = generate_tokens(model, tokenizer, [p for p in prompt_ids for _ in range(stage.samples)],
-                              SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
-                              batch_size=stage.batch_size, on_batch=report,
-                              row_seeds=sample_seeds(stage, indices)) if stage.samples else []
-    greedy = generate_tokens(model, tokenizer, prompt_ids, SamplingParams(stage.max_tokens),
-                             batch_size=stage.batch_size, on_batch=lambda done: report(len(sampled) + done)) \
-        if stage.greedy else []
+    sampled = policy.generate_many([p for p in prompt_ids for _ in range(stage.samples)],
+                                   SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
+                                   sample_seeds(stage, indices), report) if stage.samples else []
+    greedy = policy.generate_many(prompt_ids, SamplingParams(stage.max_tokens), list(range(len(prompt_ids))),
+                                  lambda done: report(len(sampled) + done)) if stage.greedy else []
     return [sampled[i * stage.samples:(i + 1) * stage.samples] + ([greedy[i]] * stage.greedy if greedy else [])
             for i in range(len(prompt_ids))]
 
@@ -113,12 +119,11 @@ def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector:
     return rows
 
 
-def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: DoomLoopDetector,
+def episode_rows(env, tasks, policy, tokenizer, stage: GenerateStage, detector: DoomLoopDetector,
                  report=lambda done: None, indices: list[int] | None = None) -> list[dict]:
     """Rows of a multi-turn env: each completion is a whole episode played through the env (tool
     calls, observations), with its loss mask (1 on the policy's tokens) and env mask; `report(done)`
     as episodes end. `indices`: the tasks' places among the stage's (default 0, 1, …)."""
-    policy = LocalPolicy(model, tokenizer, stage.batch_size)
     modes = ["sampled"] * stage.samples + ["greedy"] * stage.greedy
     indices = indices if indices is not None else list(range(len(tasks)))
     sampled = roll_out(policy, tokenizer, env, [t for t in tasks for _ in range(stage.samples)],
@@ -148,7 +153,8 @@ def episode_rows(env, tasks, model, tokenizer, stage: GenerateStage, detector: D
 def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
-    model, tokenizer = load_model(folder, ctx.model).to(ctx.device), load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder)
+    policy = rollout_policy(stage.rollout, folder, tokenizer, ctx, stage.batch_size)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     per_task = stage.samples + stage.greedy
@@ -159,12 +165,11 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
                             on_update=ctx.report_progress)  # a step: one completion (a batch at a time)
         own = [tasks[i] for i in mine]
         if env.max_turns > 1:
-            rows = episode_rows(env, own, model, tokenizer, stage, DoomLoopDetector(), progress.update, mine)
+            rows = episode_rows(env, own, policy, tokenizer, stage, DoomLoopDetector(), progress.update, mine)
         else:
             prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in own]
-            rows = rollout_rows(env, own, prompt_ids,
-                                completions(model, tokenizer, prompt_ids, stage, progress.update, mine), stage,
-                                DoomLoopDetector())
+            rows = rollout_rows(env, own, prompt_ids, completions(policy, prompt_ids, stage, progress.update, mine),
+                                stage, DoomLoopDetector())
         return [rows[k * per_task:(k + 1) * per_task] for k in range(len(mine))]
 
     rows = [row for task_rows in split_and_gather(len(tasks), rows_of, ctx.device) for row in task_rows]

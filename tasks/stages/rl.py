@@ -125,14 +125,13 @@ class RlStage(TrainStage):
         """Without reporting (`samples_every`) and where the rollout server is (its URL, key, folder);
         a local stage's key leaves out the server's fields altogether (keys made before they existed hold)."""
         params = {key: value for key, value in super().params().items() if key != "samples_every"}
-        if self.rollout.backend == "local":
-            return {key: value for key, value in params.items()
-                    if key not in ("rollout", "asynchronous", "importance_cap")}
-        params["rollout"] = self.rollout.model_dump(include={"backend", "model", "sync_every"})
-        return params
+        return self.rollout.keyed(params, ("asynchronous", "importance_cap"))
 
     def stage_refs(self):
         return [("policy", self.policy, "checkpoint")]
+
+    def endpoints(self) -> list[tuple[str, object]]:
+        return [("rollout", self.rollout)] if self.rollout.backend == "server" else []
 
     def check_spec(self, spec: SpecView) -> None:
         """A grpo row is one growing context: an env that restarts it (cod) needs steppo's rows per step."""
@@ -442,7 +441,7 @@ def rollout_source(stage: RlStage, ctx: StageContext, policy, tokenizer, trainin
     if stage.asynchronous is not None and training.accelerator.num_processes > 1:
         raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
     server = ServerPolicy.of(stage.rollout, tokenizer)
-    server.check(SamplingParams(1, stage.temperature))  # one line naming the endpoint, before any training
+    server.check()  # one line naming the endpoint, before any training
     sync = WeightSync(server, stage.rollout.sync_folder, ctx.stage_id, ctx.model.lora is not None)
     return rollouts_of(stage, collect_with, local, policy, server, sync)
 

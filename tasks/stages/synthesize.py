@@ -57,6 +57,9 @@ class SynthesizeStage(StageBase):
     def env_refs(self):
         return [("env", self.env)]
 
+    def endpoints(self) -> list[tuple[str, object]]:
+        return [("teacher", self.teacher)] if isinstance(self.teacher, EndpointTeacher) else []
+
 
 Teacher = str | EndpointTeacher  # "oracle", or a model at an endpoint
 

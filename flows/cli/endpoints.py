@@ -1,0 +1,32 @@
+"""`posttrain validate --check-endpoints SPEC`: every server a stage talks to answers, before anything runs.
+
+A rollout server must serve its model and return token ids and log-probs (the rollout backend's
+own start check, tasks/common/server_policy.py); a teacher or judge endpoint must list its model.
+The first problem is one line naming the stage's field and the endpoint (exit 2).
+"""
+
+from __future__ import annotations
+
+from flows.cli.common import UserError
+
+
+def check_endpoints(spec) -> int:
+    """Check each endpoint of the spec's stages; how many were checked."""
+    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
+    from tasks.common.server_policy import ServerPolicy
+    from tasks.config import Rollout
+
+    checked = 0
+    for stage in spec.stages:
+        for field, config in stage.endpoints():
+            where = f"stages.{stage.id}.{field}"
+            try:
+                if isinstance(config, Rollout):
+                    ServerPolicy.of(config, None, where).check()
+                else:
+                    EndpointPolicy.of(config, None, where).check_model()
+            except (EndpointError, EndpointConfigError) as exc:
+                raise UserError(f"{where}: {exc}") from None
+            print(f"{where}: {config.describe()} answers", flush=True)
+            checked += 1
+    return checked
