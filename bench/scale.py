@@ -198,7 +198,8 @@ def run_row(name: str, row: str, settings: dict) -> dict:
     elif row == "rl":
         from tasks.common.rollouts import Trajectory, TurnRecord
         from tasks.common.training import Training
-        from tasks.stages.rl import RlStage, Scored, train_step
+        from tasks.common.rl_update import train_step
+        from tasks.stages.rl import RlStage, Scored
 
         stage = RlStage(kind="rl", id="r", policy="s", envs={"e": 1.0}, steps=1, prompts_per_step=1,
                         group_size=rows, max_tokens=completion_len, temperature=1.0, loss_aggregation="dapo",

@@ -37,7 +37,7 @@ class Limits:
     max_body_bytes: int = 1 << 20  # a request body's size
     read_timeout: float = 30.0  # seconds for a request's headers to arrive, and again for its body
     queue_timeout: float = 60.0  # seconds a validated request waits for the requests ahead of it
-    max_connections: int = 64  # open connections and requests at once; beyond, uvicorn answers 503
+    max_connections: int = 256  # open connections and requests at once (a rollout client keeps 64); beyond: 503
     request_timeout: float = 600.0  # seconds a request may take in all, from arrival to its answer (504)
     batch_window: float = 0.01  # seconds an idle engine waits for more requests to decode with the first
 

@@ -127,3 +127,14 @@ def test_scale_writes_a_well_formed_result(tmp_path):
     assert result["ours"] == result["models"]["lfm2-350m"]["rl"]["peak_rss_gb"]
     assert result["aim"]["rl_peak_rss_gb_below"] == 6.0 and isinstance(result["aim"]["met"], bool)
     assert result["aim"]["at_aim_settings"] is False  # tiny configs, rows in one process
+
+
+def test_serve_batching_writes_a_well_formed_result(tmp_path):
+    from bench import serve_batching
+
+    out = tmp_path / "serve_batching.json"
+    result = serve_batching.main(["--runs", "1", "--requests", "4", "--clients", "2", "--no-wait", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and tuple(result) == RESULT_KEYS
+    config = result["config"]
+    assert [r["tokens"] for r in config["runs"]["sequential"]] == [r["tokens"] for r in config["runs"]["concurrent"]]
+    assert result["ratio"] == result["ours"] / result["peer"] and config["ratio_runs"]["median"] > 0

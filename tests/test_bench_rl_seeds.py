@@ -25,3 +25,21 @@ def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path, shared_prefect_api):
     assert result["unit"] == "points" and result["peer"] is None and result["ratio"] is None
     gains = [100 * (m["accuracy"] - config["input"]["accuracy"]) for m in config["seeds"].values()]
     assert result["ours"] == pytest.approx(sum(gains) / 2, abs=0.01) and config["eval_n"] == 16
+
+
+def test_rl_async_writes_both_sides_and_the_staleness(tmp_path, shared_prefect_api):
+    from bench import rl_async
+
+    spec = tiny_spec(f"file://{tmp_path / 'store'}")
+    spec["stages"].insert(2, {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 3,
+                              "prompts_per_step": 2, "group_size": 2, "max_tokens": 8})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "rl_async.json"
+    result = rl_async.main(["--spec", str(path), "--runs", "1", "--no-wait", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and tuple(result) == RESULT_KEYS
+    runs = result["config"]["runs"]
+    assert runs["lockstep"][0]["staleness_histogram"] == {"0": 12}  # 3 steps of 4 episodes
+    assert runs["asynchronous"][0]["staleness_histogram"] == {"0": 4, "1": 8}  # ahead by one after the first
+    assert result["ratio"] == pytest.approx(result["peer"] / result["ours"], rel=1e-3)
+    assert all(r["held_out_n"] == 16 and r["steps"] == 3 for side in runs.values() for r in side)

@@ -130,7 +130,8 @@ def test_splits_hold_different_rules_and_eval_packs_are_longer():
 def test_scored_packs_are_paid_per_solve_and_credited_per_slot(tokenizer):
     from envs.doom import DoomLoopDetector
     from tasks.common.rl_batch import training_rows
-    from tasks.stages.rl import RlStage, batch_metrics, score_trajectory
+    from tasks.common.rl_metrics import batch_metrics
+    from tasks.stages.rl import RlStage, score_trajectory
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=1, algorithm="steppo", credit="cod")
     task = ENV.tasks("train", 1, 0)[0]

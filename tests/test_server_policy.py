@@ -208,3 +208,15 @@ def test_generate_and_evaluate_through_the_server_write_what_local_decoding_writ
     local = evaluate(EvaluateStage(**fields), context("e", "local-e"))
     remote = evaluate(EvaluateStage(**fields, rollout=server), context("e", "remote-e"))
     assert remote["results"].metrics == local["results"].metrics
+
+
+def test_a_groups_samples_go_as_one_request_with_n_and_sample_what_local_rows_sample(base_url):
+    from tasks.common.server_policy import seed_runs
+
+    assert seed_runs([[1], [1], [1], [2], [2], [1]], [5, 6, 7, 8, 10, 11]) == [(0, 3), (3, 1), (4, 1), (5, 1)]
+    model, tokenizer = local_model()
+    tasks, params = [t for t in ARITH.tasks("eval", 2, 0) for _ in range(4)], SamplingParams(24, temperature=1.0)
+    remote = roll_out(ServerPolicy(base_url, NAME, tokenizer), tokenizer, ARITH, tasks, params, seed=11)
+    assert turns_of(remote) == turns_of(roll_out(LocalPolicy(model, tokenizer), tokenizer, ARITH, tasks, params,
+                                                 seed=11))
+    assert len({t.text for t in remote[:4]}) > 1

@@ -34,7 +34,7 @@ def greedy_local(model, tokenizer) -> list[list[int]]:
 
 
 def greedy_server(policy: ServerPolicy, tokenizer) -> list[list[int]]:
-    generations = [policy.generate(chat_prompt(tokenizer, p), 0, SamplingParams(24)) for p in PROMPTS]
+    generations = [policy.generate(chat_prompt(tokenizer, p), 0, SamplingParams(24))[0] for p in PROMPTS]
     assert {g.policy_version for g in generations} == {policy.target[1]}
     return [g.token_ids for g in generations]
 

@@ -136,7 +136,7 @@ def add_serving_commands(commands) -> None:
     serve_model.add_argument("--queue-timeout", type=float, default=Limits.queue_timeout,
                              help="seconds a request waits for the ones ahead of it before a 503 (default 60)")
     serve_model.add_argument("--max-connections", type=int, default=Limits.max_connections,
-                             help="connections and requests at once; more get a 503 (default 64)")
+                             help="connections and requests at once; more get a 503 (default 256)")
     serve_model.add_argument("--request-timeout", type=float, default=Limits.request_timeout,
                              help="seconds a request may take in all before a 504 (default 600)")
     serve_model.add_argument("--batch-window", type=float, default=Limits.batch_window,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -68,6 +69,10 @@ class AheadRollouts(Rollouts):
         self.batches: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        # the server loads a version between two of its batches: the trainer saves it and goes on while
+        # this thread announces it (in order), so a batch decoding on the server never holds the trainer up
+        self.announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-weight-sync")
+        self.failure: BaseException | None = None  # of the producer or an announcement: raised at the next take
 
     def start(self, version: int) -> None:
         super().start(version)
@@ -76,14 +81,33 @@ class AheadRollouts(Rollouts):
         self.thread.start()
 
     def trained(self, version: int) -> None:
-        super().trained(version)
+        self.version = version
         if version % self.sync_every == 0:
-            self._published(version)
+            self.announcer.submit(self._announce, version, self.sync.save(self.model, version))
+
+    def _announce(self, version: int, saved) -> None:
+        try:
+            self.sync.announce(version, saved)
+        except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next take
+            self._fail(exc)
+            return
+        self._published(version)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failure = self.failure or exc
+        self.stopping.set()
+        with self.published:
+            self.published.notify_all()
 
     def take(self, step: int) -> Batch:
-        produced_step, produced = self.batches.get()
-        if isinstance(produced, BaseException):
-            raise produced
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            try:
+                produced_step, produced = self.batches.get(timeout=0.5)
+                break
+            except queue.Empty:
+                continue
         assert produced_step == step, f"rollouts of step {produced_step} arrived for step {step}"
         oldest = self.version - self.max_staleness
         kept = [group for group in produced.groups if min(s.trajectory.policy_version for s in group) >= oldest]
@@ -96,6 +120,7 @@ class AheadRollouts(Rollouts):
         self.stopping.set()
         with self.published:
             self.published.notify_all()
+        self.announcer.shutdown(wait=True)
         if self.thread is not None:
             self.thread.join(timeout=600)
 
@@ -108,13 +133,13 @@ class AheadRollouts(Rollouts):
         for step in range(start, self.steps):
             with self.published:
                 while self.published_version < step - self.max_staleness and not self.stopping.is_set():
-                    self.published.wait()
+                    self.published.wait(timeout=1.0)
             if self.stopping.is_set():
                 return
             try:
                 groups, sampled, draws = self.collect(self.policy, step)
             except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next take
-                self.batches.put((step, exc))
+                self._fail(exc)
                 return
             self.batches.put((step, Batch(groups, sampled, draws)))
 

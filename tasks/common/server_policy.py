@@ -26,6 +26,7 @@ from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoi
 from tasks.common.rollouts import Context, LocalPolicy
 
 MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
+MAX_N = 64  # choices of one request (serve-model's cap)
 NEEDS = "token ids and log-probs (vLLM >= 0.10.2: return_token_ids; or posttrain serve-model)"
 
 
@@ -56,40 +57,48 @@ class ServerPolicy:
     def generate_many(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int],
                       on_done=None) -> list[Generation]:
         """A completion of each prompt with its seed, `max_concurrent` requests in flight (the server
-        batches them); `on_done(count)` as they come back."""
-        if len(prompts) == 1:
-            return [self.generate(prompts[0], seeds[0], params)]
+        batches them); `on_done(count)` as they come back. A run of the same prompt with consecutive
+        seeds (a group's samples at their first turn) is one request with `n`: serve-model samples
+        choice j with seed + j, as the local engine samples row j of the run."""
+        runs = seed_runs(prompts, seeds)
         done, lock = [0], threading.Lock()
 
-        def one(prompt_seed):
-            generation = self.generate(*prompt_seed, params)
+        def one(run: tuple[int, int]) -> list[Generation]:
+            first, count = run
+            generations = self.generate(prompts[first], seeds[first], params, count)
             if on_done is not None:
                 with lock:
-                    done[0] += 1
+                    done[0] += count
                     on_done(done[0])
-            return generation
+            return generations
 
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(prompts))) as pool:
-            return list(pool.map(one, zip(prompts, seeds)))
+        if len(runs) == 1:
+            return one(runs[0])
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrent, len(runs))) as pool:
+            return [g for generations in pool.map(one, runs) for g in generations]
 
     def complete(self, prompt: str, params: SamplingParams) -> str:
         """One chat answer to a fresh prompt (an episode's own model call: RLM's `llm_query`), greedy."""
-        generation = self.generate(chat_prompt(self.tokenizer, prompt), 0, replace(params, stop=()))
+        generation = self.generate(chat_prompt(self.tokenizer, prompt), 0, replace(params, stop=()))[0]
         return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
 
-    def generate(self, prompt_ids: list[int], seed: int, params: SamplingParams) -> Generation:
-        """One completion of `prompt_ids`, as the local engine returns it: the ids sampled (the end
+    def generate(self, prompt_ids: list[int], seed: int, params: SamplingParams, n: int = 1) -> list[Generation]:
+        """`n` completions of `prompt_ids`, as the local engine returns them: the ids sampled (the end
         token or the one completing a stop string included), their log-probs, the text before the stop."""
         model, version = self.target
         response = endpoint_call(self.base_url, self.client, model, lambda: self.client.completions.create(
-            model=model, prompt=prompt_ids, **self._sampling(params, seed)))
-        choice = response.choices[0]
-        token_ids, logprobs = returned_tokens(self.base_url, choice)
+            model=model, prompt=prompt_ids, n=n, **self._sampling(params, seed)))
+        if len(response.choices) != n:
+            raise EndpointError(f"{self.base_url}: asked for {n} choices, the answer has {len(response.choices)}")
         reported = (response.model_extra or {}).get("weights_version")  # serve-model, after a full-weight reload
-        finish_reason = "length" if choice.finish_reason == "length" else "stop"
-        text = before_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), params.stop)
-        return Generation(text, token_ids, logprobs, finish_reason,
-                          policy_version=reported if type(reported) is int and reported >= 0 else version)
+        version = reported if type(reported) is int and reported >= 0 else version
+        generations = []
+        for choice in sorted(response.choices, key=lambda c: c.index):
+            token_ids, logprobs = returned_tokens(self.base_url, choice)
+            finish_reason = "length" if choice.finish_reason == "length" else "stop"
+            text = before_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), params.stop)
+            generations.append(Generation(text, token_ids, logprobs, finish_reason, policy_version=version))
+        return generations
 
     def check(self) -> None:
         """Fail now, in one line, unless the server serves the model and returns what rollouts need
@@ -108,6 +117,17 @@ class ServerPolicy:
         sampling = {"temperature": 0 if params.temperature is None else params.temperature, "top_p": params.top_p,
                     "max_tokens": params.max_new_tokens, "seed": seed, "logprobs": 0, "extra_body": extra}
         return {**sampling, "stop": list(params.stop)} if params.stop else sampling
+
+
+def seed_runs(prompts: list[list[int]], seeds: list[int]) -> list[tuple[int, int]]:
+    """(first index, length) of each run of equal prompts whose seeds count up by one."""
+    runs: list[tuple[int, int]] = []
+    for k, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        if runs and prompt == prompts[k - 1] and seed == seeds[k - 1] + 1 and runs[-1][1] < MAX_N:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((k, 1))
+    return runs
 
 
 def returned_tokens(base_url: str, choice) -> tuple[list[int], list[float]]:

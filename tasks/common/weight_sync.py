@@ -30,12 +30,20 @@ class WeightSync:
         self.published: list[tuple[str, Path]] = []  # (adapter name or served name, folder) still on disk
 
     def publish(self, model, version: int) -> None:
+        self.announce(version, self.save(model, version))
+
+    def save(self, model, version: int) -> Path:
+        """Version `version` of `model` on disk, for the server (written whole, then renamed into place)."""
         saved = self.folder / f"{safe(self.stage_id)}-v{version}"
         partial = saved.with_name(saved.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(str(partial))  # safetensors: transformers' only format, peft's default
         shutil.rmtree(saved, ignore_errors=True)
         partial.rename(saved)  # the server never sees half a save
+        return saved
+
+    def announce(self, version: int, saved: Path) -> None:
+        """The server loads the saved version; requests name it from then on; the version before goes."""
         if self.lora:
             name = f"{self.policy.served_model}@v{version}"
             self._post("unload_lora_adapter", {"lora_name": name}, missing_ok=True)  # a crashed run's

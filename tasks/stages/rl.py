@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from envs.base import RewardFunc, Rubric
 from envs.doom import DoomLoopDetector, overlong_excess, repetition_excess, trace_is_valid
 from models.loading import load_model, load_tokenizer, set_threads
-from models.rl_losses import grpo_loss, kl_k3, loss_denominator, truncated_importance_weights
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
-from tasks.common.rl_batch import completion_logps, padded_behaviour, padded_rows, training_rows
+from tasks.common.rl_metrics import batch_metrics, sample_rows
+from tasks.common.rl_update import train_step
 from tasks.common.ranks import split_and_gather
 from tasks.common.rl_rollouts import rollouts_of
 from tasks.common.rollouts import LocalPolicy, Trajectory, TurnRecord, roll_out
@@ -274,140 +274,6 @@ def collect(policy, tokenizer, envs, rubric_of, pools, stage: RlStage, step: int
             return kept[:stage.prompts_per_step], sampled, draws
 
 
-def episode_metrics(sampled: list[Scored], prefix: str = "") -> dict:
-    n = len(sampled)
-    finite = [s.reward for s in sampled if math.isfinite(s.reward)]
-    return {f"{prefix}reward": sum(finite) / max(1, len(finite)),
-            f"{prefix}accuracy": sum(s.correct for s in sampled) / n,
-            f"{prefix}doom_loop_rate": sum(s.doom_loop for s in sampled) / n,
-            f"{prefix}truncated_rate": sum(s.trajectory.truncated for s in sampled) / n,
-            f"{prefix}turns": sum(len(s.trajectory.turns) for s in sampled) / n}
-
-
-def batch_metrics(sampled: list[Scored], env_ids: list[str]) -> dict:
-    """Means over every episode a step sampled, overall and per env when there are several."""
-    metrics = {**episode_metrics(sampled),
-               "repetition": sum(s.repetition for s in sampled) / len(sampled),
-               "overlong": sum(s.overlong for s in sampled) / len(sampled),
-               "invalid_trace_rate": sum(not s.valid_trace for s in sampled) / len(sampled)}
-    if len(env_ids) > 1:
-        for env_id in env_ids:
-            mine = [s for s in sampled if s.trajectory.env_id == env_id]
-            if mine:
-                metrics.update(episode_metrics(mine, f"{env_id}/"))
-                metrics.update(position_metrics(mine, f"{env_id}/"))
-    else:
-        metrics.update(position_metrics(sampled))
-    return metrics
-
-
-def position_metrics(sampled: list[Scored], prefix: str = "") -> dict:
-    """CoD's reward by position in the pack: `solve_reward_j` = the mean `position_j` of the
-    episodes' outcomes (a task its pack never reached counts 0), for the positions they hold."""
-    positions = sorted({int(key.removeprefix("position_")) for s in sampled for key in s.trajectory.outcome
-                        if key.startswith("position_")})
-    metrics = {}
-    for j in positions:
-        values = [s.trajectory.outcome[f"position_{j}"] for s in sampled if f"position_{j}" in s.trajectory.outcome]
-        metrics[f"{prefix}solve_reward_{j}"] = sum(values) / len(values)
-    return metrics
-
-
-def sample_rows(sampled: list[Scored]) -> list[dict]:
-    """A step's episodes as rows of the trackers' samples table."""
-    return [{"env": s.trajectory.env_id, "prompt": s.trajectory.task.prompt, "completion": s.trajectory.text,
-             "reward": s.reward, **{f"reward_{name}": value for name, value in s.rewards.items()}} for s in sampled]
-
-
-def reference_logps(training, reference, batch, temperature: float):
-    """Log-probs under the KL reference: the frozen input checkpoint, or with LoRA the policy
-    with its adapters disabled."""
-    import torch
-
-    with torch.no_grad():
-        if reference is not None:
-            return completion_logps(reference, *batch[:4], temperature)[0]
-        with training.accelerator.unwrap_model(training.model).disable_adapter():
-            return completion_logps(training.model, *batch[:4], temperature)[0]
-
-
-@dataclass
-class Piece:
-    """One micro-batch of a step's rows, as tensors."""
-
-    batch: tuple  # prompt, prompt mask, completion, completion mask, loss mask (padded_rows)
-    advantages: object
-    ref_logps: object = None
-    old_logps: object = None  # the trainer's before the update: the first iteration's, detached
-    behaviour_logps: object = None  # the sampler's, when another engine sampled the rows (a server)
-    importance_weights: object = None  # truncated_importance_weights of old against behaviour
-
-
-def train_step(training, reference, groups: list[list[Scored]], stage: RlStage, pad_id: int) -> tuple[dict, int]:
-    """`num_iterations` clipped policy-gradient steps on a step's rows, each over its micro-batches;
-    returns (metrics, policy tokens)."""
-    import torch
-
-    # advantages are computed over whole groups first; then each process trains on its share
-    step_rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
-                              stage.mask_truncated, stage.credit)
-    learner, device = training.learner, training.accelerator.device
-    max_length = max(stage.max_tokens, *(len(r.completion_ids) for r in step_rows))  # a multi-turn grpo row is longer
-    denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \
-        / learner.shards(step_rows)
-    share = training.shard(step_rows)
-    server = stage.rollout.backend == "server"  # its log-probs differ from the trainer's: importance-weighted
-    pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device),
-                    behaviour_logps=padded_behaviour(rows, device) if server else None)
-              for rows in learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids)) for r in share])]
-    for piece in pieces:
-        piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
-    totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0, "weight": 0.0, "capped": 0.0,
-              "mismatch": 0.0}
-    level = "sequence" if stage.algorithm == "steppo" else "token"
-    for iteration in range(stage.num_iterations):
-        for index, piece in enumerate(pieces):
-            prompt, prompt_mask, completion, completion_mask, loss_mask = piece.batch
-            with training.accelerator.autocast():
-                logps, entropy = completion_logps(training.model, prompt, prompt_mask, completion, completion_mask,
-                                                  stage.temperature, with_entropy=iteration == 0)
-                if iteration == 0:  # the ratio is 1 on the first pass
-                    piece.old_logps = logps.detach()
-                    if piece.behaviour_logps is not None:
-                        piece.importance_weights = truncated_importance_weights(
-                            piece.old_logps, piece.behaviour_logps, loss_mask, stage.importance_cap, level)
-                loss, clip_fraction = grpo_loss(
-                    logps, piece.old_logps, piece.advantages, loss_mask, epsilon_low=stage.epsilon_low,
-                    epsilon_high=stage.epsilon_high, aggregation=stage.loss_aggregation, ref_logps=piece.ref_logps,
-                    max_completion_length=max_length, beta=stage.beta, denominator=denominator,
-                    importance_weights=piece.importance_weights,
-                    ratio_level="sequence" if stage.algorithm == "steppo" else "token")
-            learner.backward(loss, last=index == len(pieces) - 1)
-            tokens = int(loss_mask.sum())
-            totals["loss"] += loss.item() / stage.num_iterations
-            totals["clipped"] += clip_fraction.item() * tokens / stage.num_iterations
-            if iteration == 0:
-                mask = loss_mask.float()
-                totals["tokens"] += tokens
-                totals["entropy"] += (entropy * mask).sum().item()
-                if piece.ref_logps is not None:
-                    totals["kl"] += (kl_k3(piece.old_logps, piece.ref_logps) * mask).sum().item()
-                if piece.importance_weights is not None:
-                    totals["weight"] += piece.importance_weights.sum().item()
-                    totals["capped"] += ((piece.importance_weights >= stage.importance_cap) & (mask > 0)).sum().item()
-                    totals["mismatch"] += ((piece.old_logps - piece.behaviour_logps).abs() * mask).sum().item()
-        learner.update()
-    trained = max(1, totals["tokens"])
-    metrics = {"loss": totals["loss"], "clip_fraction": totals["clipped"] / trained,
-               "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces)}
-    if stage.beta:
-        metrics["kl"] = totals["kl"] / trained
-    if server:  # how far the server's log-probs are from the trainer's, and what the weights made of it
-        metrics.update(importance_weight=totals["weight"] / trained, importance_capped=totals["capped"] / trained,
-                       logp_mismatch=totals["mismatch"] / trained)
-    return metrics, totals["tokens"]
-
-
 def train_on(rollouts, step: int, training, reference, stage: RlStage, tokenizer) -> None:
     """One step: the step's rollouts, the update on them, the metrics; then the new weights go out."""
     began = time.perf_counter()
@@ -419,18 +285,21 @@ def train_on(rollouts, step: int, training, reference, stage: RlStage, tokenizer
     if groups:  # empty when dynamic sampling found no group with signal within its draws
         update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
         metrics.update(update)
-    # where a step's time goes: sampling and scoring episodes (or waiting for them), then the policy update
-    metrics.update(rollout_seconds=collected - began, update_seconds=time.perf_counter() - collected)
+    updated = time.perf_counter()
+    rollouts.trained(step + 1)  # publishes the new weights to a server when due
+    # where a step's time goes: sampling and scoring episodes (or waiting for them), the policy update,
+    # publishing the weights
+    metrics.update(rollout_seconds=collected - began, update_seconds=updated - collected)
     if stage.dynamic_sampling is not None:
         metrics.update(kept_groups=len(groups), draws=batch.draws)
     if stage.rollout.backend == "server":
-        metrics.update(stale_groups=batch.stale_groups, staleness=sum(k * n for k, n in batch.staleness.items())
-                       / max(1, sum(batch.staleness.values())),
+        episodes = max(1, sum(batch.staleness.values()))
+        metrics.update(sync_seconds=time.perf_counter() - updated, stale_groups=batch.stale_groups,
+                       staleness=sum(k * n for k, n in batch.staleness.items()) / episodes,
                        **{f"staleness_{k}": n for k, n in sorted(batch.staleness.items())})
     training.record(step, completion_tokens, **metrics)
     if training.trackers.active and (step + 1) % stage.samples_every == 0:
         training.trackers.log_table(step + 1, sample_rows(sampled))
-    rollouts.trained(step + 1)
 
 
 def rollout_source(stage: RlStage, ctx: StageContext, policy, tokenizer, training, collect_with):
