@@ -1,7 +1,8 @@
 """serve-model's throughput with eight concurrent clients against the same requests one at a time.
 
 A `posttrain serve-model` of the quickstart's rl-stage input (its store's `@latest`; the tiny-llama
-preset when the store has none) runs in a subprocess. Each run sends the same 64 sampled
+preset when the store has none) runs in a subprocess with one torch thread (the clients share the
+machine). Each run sends the same 64 sampled
 `/v1/completions` requests (token-id prompts, 64 new tokens, seeds 0..63): one after another
 (`sequential`), or from 8 client threads at once (`concurrent`), whose requests the server decodes
 together. Completion tokens per second, sides in turn, medians; `ratio` = concurrent / sequential.
@@ -44,8 +45,11 @@ def start_server(folder: Path) -> tuple[object, str]:
 
     code = ("import sys; from models.serving_app import serve; "
             "serve(sys.argv[1], 'policy', port=0)")
+    # one torch thread: the clients run on this machine too, and two decode threads spinning on its
+    # two cores would starve them and the server's own event loop
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env={**os.environ})
+                               stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
     line = process.stdout.readline()
     if not line.startswith("serving "):
         process.kill()

@@ -1,7 +1,8 @@
 """`posttrain serve-model`'s batching: requests that wait together decode together.
 
 One engine thread takes the requests queued for it: all that arrived while it was decoding the
-previous batch, or, when it was idle, those that arrive within `window` seconds of the first. Jobs
+previous batch, or, when it was idle, those that arrive within `window` seconds of the one before
+(at most WINDOWS windows after the first). Jobs
 with the same sampling parameters and adapter decode as one batch of the engine
 (models/sampling.generate_tokens; the Decoder shares a prompt's prefill between its rows, so the
 `n` samples of a request cost one prompt). Every row samples from its own seed, so what a request
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from models.sampling import Generation, SamplingParams
 
 WAITING, DECODING, ABANDONED, DONE = "waiting", "decoding", "abandoned", "done"
+WINDOWS = 4  # an idle engine waits at most this many windows for a batch to fill
 
 
 @dataclass(eq=False)
@@ -106,12 +108,14 @@ class Batcher:
             if first is None:
                 return
             pending = [first]
-            deadline = time.monotonic() + self.window
+            latest = time.monotonic() + WINDOWS * self.window
+            deadline = min(time.monotonic() + self.window, latest)
             while (left := deadline - time.monotonic()) > 0:
                 try:
                     pending.append(self.jobs.get(timeout=left))
                 except queue.Empty:
                     break
+                deadline = min(time.monotonic() + self.window, latest)  # clients answered together come back together
             with self.engine:  # what arrived while the engine was held joins this round
                 while True:
                     try:

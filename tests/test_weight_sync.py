@@ -153,30 +153,45 @@ def test_runtime_loading_is_off_without_a_folder(base_url):
             "runtime LoRA loading is off")
 
 
-@pytest.mark.parametrize("asynchronous", [None, {"max_staleness": 1}], ids=["lockstep", "asynchronous"])
-def test_an_rl_stage_decodes_on_the_server_and_syncs_its_weights(tmp_path, asynchronous):
-    from models.config import ModelConfig
+def rl_through(url: str, folder, **fields):
+    return rl_stage(steps=4, prompts_per_step=2, group_size=3, max_tokens=8, checkpoint_every=2,
+                    rollout={"backend": "server", "endpoint": url, "model": "policy", "sync_folder": str(folder)},
+                    **fields)
+
+
+@pytest.mark.parametrize("case", ["lockstep", "asynchronous", "lora"])
+def test_an_rl_stage_decodes_on_the_server_and_the_server_ends_with_its_weights(tmp_path, case, capsys):
+    """Each step's rollouts decode on the server with the weights of the step before (lockstep) or of
+    at most one step before that (asynchronous), and the server's last version is the stage's output:
+    it answers as the trained checkpoint (full weights, or the trained LoRA adapter) does in-process.
+    A rerun resumes from the in-stage checkpoint and publishes its weights again first."""
+    from models.config import LoraConfig, ModelConfig
     from models.loading import load_model, load_tokenizer
-    from models.serving_app import make_app
     from models.presets import materialize
+    from models.serving_app import make_app
     from tasks.stages.rl import run
 
     store, policy_ref = committed_policy(tmp_path)
     folder = tmp_path / "sync"
     folder.mkdir()
+    model = ModelConfig(lora=LoraConfig(r=4)) if case == "lora" else ModelConfig()
     with running_app(make_app(materialize("tiny-llama"), "policy", lora_folder=folder)) as url:
-        stage = rl_stage(steps=3, prompts_per_step=2, group_size=3, max_tokens=8, asynchronous=asynchronous,
-                         rollout={"backend": "server", "endpoint": url, "model": "policy", "sync_folder": str(folder)})
-        outputs = run(stage, stage_context(tmp_path, "w", store, policy_ref, {"arith": ENV.config}))
+        stage = rl_through(url, folder, asynchronous={"max_staleness": 1} if case == "asynchronous" else None)
+        outputs = run(stage, stage_context(tmp_path, "w", store, policy_ref, {"arith": ENV.config}, model))
         history = read_history(outputs)
-        assert [h["step"] for h in history] == [1, 2, 3]
+        assert [h["step"] for h in history] == [1, 2, 3, 4]
         for h in history:
             assert h["logp_mismatch"] < 1e-3 and abs(h["importance_weight"] - 1) < 1e-3  # the same engine's numbers
             assert h["stale_groups"] == 0
         staleness = [h["staleness"] for h in history]
-        assert staleness == ([0, 0, 0] if asynchronous is None else [0, 1, 1])  # the first step waits for v0
-        trained = load_model(outputs["checkpoint"].local_dir, ModelConfig())
+        assert staleness == ([0, 1, 1, 1] if case == "asynchronous" else [0, 0, 0, 0])  # step 1 waits for v0
         tokenizer = load_tokenizer(outputs["checkpoint"].local_dir)
+        trained = load_model(outputs["checkpoint"].local_dir, model)
         policy = ServerPolicy(url, "policy", tokenizer)
-        WeightSync(policy, folder, "check", lora=False).publish(trained, 3)
+        policy.target = ("policy@v4", 4) if case == "lora" else ("policy", 4)
         assert greedy_server(policy, tokenizer) == greedy_local(trained, tokenizer)
+        if case == "asynchronous":
+            capsys.readouterr()
+            again = run(stage, stage_context(tmp_path, "w2", store, policy_ref, {"arith": ENV.config}, model))
+            assert again["checkpoint"].metrics["resumed_from_step"] == 2
+            assert [h["staleness"] for h in read_history(again)][2:] == [0, 1]  # republished v2, then ahead again
