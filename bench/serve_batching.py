@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,23 +58,26 @@ def start_server(folder: Path) -> tuple[object, str]:
     return process, line.split(" on ")[1].strip()
 
 
+LOCAL = threading.local()
+
+
 def request(url: str, prompt: list[int], seed: int) -> int:
+    """One completion; each client thread keeps its connection open, as the `openai` client does."""
     import httpx
 
+    if not hasattr(LOCAL, "client"):
+        LOCAL.client = httpx.Client(timeout=600)
     body = {"model": "policy", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": seed,
             "return_token_ids": True}
-    answer = httpx.post(f"{url}/completions", content=json.dumps(body), timeout=600,
-                        headers={"content-type": "application/json"}).json()
+    answer = LOCAL.client.post(f"{url}/completions", content=json.dumps(body),
+                               headers={"content-type": "application/json"}).json()
     return len(answer["choices"][0]["token_ids"])
 
 
 def one_run(url: str, prompts: list[list[int]], clients: int) -> dict:
     began = time.perf_counter()
-    if clients == 1:
-        tokens = [request(url, p, seed) for seed, p in enumerate(prompts)]
-    else:
-        with ThreadPoolExecutor(max_workers=clients) as pool:
-            tokens = list(pool.map(lambda item: request(url, item[1], item[0]), enumerate(prompts)))
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        tokens = list(pool.map(lambda item: request(url, item[1], item[0]), enumerate(prompts)))
     seconds = time.perf_counter() - began
     return {"tokens": sum(tokens), "seconds": round(seconds, 4), "tokens_per_second": sum(tokens) / seconds}
 

@@ -158,7 +158,9 @@ class ListenError(Exception):
 def listening_socket(host: str, port: int) -> socket.socket:
     """A bound, listening socket: bound before the model loads, so a taken port fails at once."""
     try:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on each connection (it skips proto 0): without
+        # it a keep-alive client's every request after the first waited ~40 ms (Nagle and delayed ACKs)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(128)

@@ -300,3 +300,32 @@ def test_a_lora_adapter_checkpoint_is_served_on_its_base_model(tmp_path):
     base_model, tokenizer = load_model(base, ModelConfig()), load_tokenizer(base)
     expected = generate_tokens(base_model, tokenizer, [chat_prompt(tokenizer, "what is 2+3?")], SamplingParams(8))[0]
     assert served.complete(request)["choices"][0]["message"]["content"] == expected.text  # a fresh LoRA is a no-op
+
+
+def test_the_listening_socket_is_tcp_so_connections_send_without_nagle_delays():
+    """asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP: with proto 0 every request
+    after the first on a keep-alive connection waited for a delayed ACK (~40 ms)."""
+    import asyncio
+    import socket
+
+    from models.serving_app import listening_socket
+
+    with listening_socket("127.0.0.1", 0) as sock:
+        assert sock.proto == socket.IPPROTO_TCP
+
+        async def accepted_nodelay() -> int:
+            flags = []
+
+            def on_connection(reader, writer):
+                flags.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                writer.close()
+
+            server = await asyncio.start_server(on_connection, sock=sock)
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            while not flags:
+                await asyncio.sleep(0.01)
+            writer.close()
+            server.close()
+            return flags[0]
+
+        assert asyncio.run(asyncio.wait_for(accepted_nodelay(), 10)) != 0
