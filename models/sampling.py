@@ -70,10 +70,12 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 def generate_tokens(model, tokenizer, prompts: list[list[int]], params: SamplingParams, *, batch_size: int = 64,
                     seed: int = 0, on_batch=None, row_seeds: list[int] | None = None,
-                    abandoned=None) -> list[Generation]:
+                    abandoned=None, on_step=None) -> list[Generation]:
     """Complete each prompt (token ids in), `batch_size` prompts at a time; `on_batch(done)` after
     each batch, with the number of prompts completed so far. `abandoned()`, asked every step, names
-    the prompts (indices) nobody waits for any more: their rows stop decoding there.
+    the prompts (indices) nobody waits for any more: their rows stop decoding there. `on_step(prompts,
+    tokens, logprobs, tops)` after each step: the token each still-decoding prompt drew, its log-prob
+    and (with `params.top_logprobs`) its alternatives, else None (a streaming server's feed).
 
     Each prompt samples from its own generator, seeded `row_seeds[i]` (default `seed + i`): what a
     prompt gets depends on its seed, not on the batch it shares, so a workload split across
@@ -84,8 +86,10 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], params: Sampling
     for start in range(0, len(prompts), batch_size):
         gone = None if abandoned is None else \
             (lambda first=start: {i - first for i in abandoned()})
+        stepped = None if on_step is None else \
+            (lambda rows, *drawn, first=start: on_step([first + r for r in rows], *drawn))
         results += _decode_batch(model, tokenizer, prompts[start:start + batch_size], params,
-                                 row_seeds[start:start + batch_size], gone)
+                                 row_seeds[start:start + batch_size], gone, stepped)
         if on_batch is not None:
             on_batch(len(results))
     return results
@@ -139,7 +143,7 @@ def row_uniforms(row_seeds: list[int], steps: int):
 
 
 def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingParams,
-                  row_seeds: list[int], abandoned=None) -> list[Generation]:
+                  row_seeds: list[int], abandoned=None, on_step=None) -> list[Generation]:
     import torch
 
     from models.decoding import fast_decoder
@@ -162,8 +166,12 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             picked, picked_logprobs = (x.cpu() for x in next_tokens(logits, params, draws))
             steps_tokens.append(_every_row(picked, active, rows, pad))
             steps_logprobs.append(_every_row(picked_logprobs, active, rows, 0.0))  # float32 already
-            if params.top_logprobs:
-                steps_top.append(tuple(_every_row(x, active, rows, 0) for x in top_tokens(logits, params)))
+            tops = top_tokens(logits, params) if params.top_logprobs else None
+            if tops is not None:
+                steps_top.append(tuple(_every_row(x, active, rows, 0) for x in tops))
+            if on_step is not None:
+                on_step(active.tolist(), picked.tolist(), picked_logprobs.tolist(),
+                        None if tops is None else [list(zip(i, v)) for i, v in zip(*(x.tolist() for x in tops))])
             ended = picked == eos  # of the active rows
             if params.stop:
                 ended |= _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1)[active], params.stop)

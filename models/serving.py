@@ -7,7 +7,7 @@ chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine
 chat request gives exactly what in-process evaluation gives for that prompt, and a token-id
 completion what the local engine gives for those ids. Concurrent requests decode together
 (models/serving_batch.py). The request fields: models/serving_requests.py; the answers' shapes:
-models/serving_responses.py; the routes: models/serving_app.py; what it refuses (sizes, bounds,
+models/serving_responses.py (streamed: models/serving_stream.py); the routes: models/serving_app.py; what it refuses (sizes, bounds,
 deadlines) and how it says so: models/serving_limits.py.
 """
 
@@ -24,7 +24,7 @@ from models.serving_batch import Batcher, Job
 from models.serving_limits import MAX_CHOICES, Limits, ServingError
 from models.serving_weights import Adapters, LoadAdapter, ReloadWeights, copy_weights, weight_files
 from models.serving_requests import ChatRequest, CompletionRequest, SamplingRequest
-from models.serving_responses import chat_logprobs, completion_logprobs, envelope, text_deltas, usage
+from models.serving_responses import chat_logprobs, completion_logprobs, envelope, usage
 
 SENTINEL = "\x00posttrain-final-message\x00"  # stands for the final message's content while rendering
 
@@ -120,12 +120,12 @@ class ServedModel:
         copies = copies_of(request, params)
         seed = request.seed or 0
         return Job([ids for ids in prompts for _ in range(copies)], params,
-                   [seed + j for _ in prompts for j in range(copies)], adapter)
+                   [seed + j for _ in prompts for j in range(copies)], adapter, copies)
 
-    def _decode(self, prompts, params: SamplingParams, seeds: list[int], adapter: str | None, abandoned):
+    def _decode(self, prompts, params: SamplingParams, seeds: list[int], adapter: str | None, abandoned, on_step):
         with self.adapters.active(self.model, adapter):
             generations = generate_tokens(self.model, self.tokenizer, prompts, params, batch_size=len(prompts),
-                                          row_seeds=seeds, abandoned=abandoned)
+                                          row_seeds=seeds, abandoned=abandoned, on_step=on_step)
         for generation in generations:
             generation.policy_version = self.weights_version
         return generations
@@ -196,36 +196,6 @@ class ServedModel:
 
     def text(self, request: SamplingRequest, job: Job, generation: Generation) -> str:
         return response_text(self.tokenizer, generation, job.params.stop, request.include_stop_str_in_output)
-
-    def stream_events(self, request: SamplingRequest, job: Job, answer: dict):
-        """The answer as streamed chunks: per choice one per generated token, the last with its
-        finish_reason; then usage if asked (`stream_options.include_usage`)."""
-        chat = isinstance(request, ChatRequest)
-        head = {key: answer[key] for key in ("id", "created", "model")}
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        for choice, generation in zip(answer["choices"], self.choices(request, job)):
-            text = choice["message"]["content"] if chat else choice["text"]
-            deltas = text_deltas(self.tokenizer, generation.token_ids, text)
-            if chat:
-                yield {**head, "object": kind, "choices": [{"index": choice["index"], "logprobs": None,
-                       "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-            for k, delta in enumerate(deltas):
-                last = k == len(deltas) - 1
-                part = {"index": choice["index"], "finish_reason": choice["finish_reason"] if last else None}
-                token = slice(k, k + 1) if not last else slice(k, None)
-                if chat:
-                    part |= {"delta": {"content": delta} if delta or not last else {},
-                             "logprobs": chat_logprobs(self.tokenizer, generation, token) if request.logprobs
-                             else None}
-                else:
-                    part |= {"text": delta, "logprobs": completion_logprobs(
-                        self.tokenizer, generation, request.return_tokens_as_token_ids, token)
-                        if request.logprobs is not None else None}
-                if request.return_token_ids:
-                    part["token_ids"] = generation.token_ids[token]
-                yield {**head, "object": kind, "choices": [part]}
-        if request.stream_options is not None and request.stream_options.include_usage:
-            yield {**head, "object": kind, "choices": [], "usage": answer["usage"]}
 
     def _room(self, prompt_tokens: int, field: str = "messages") -> int:
         """Tokens left in the context window after the prompt: the most a request decodes (256

@@ -21,10 +21,19 @@ from pathlib import Path
 from models.config import ModelConfig
 from models.serving import ServedModel
 from models.serving_batch import Job
-from models.serving_limits import BodyLimit, Limits, ServingError, add_error_handlers, error_response, server_config
-from models.serving_weights import LoadAdapter, ReloadWeights, UnloadAdapter
+from models.serving_limits import (
+    BodyLimit,
+    Limits,
+    ServingError,
+    add_error_handlers,
+    error_body,
+    error_response,
+    server_config,
+)
 from models.serving_requests import ChatRequest, CompletionRequest
-from models.serving_responses import sse
+from models.serving_responses import envelope, sse, usage
+from models.serving_stream import choice_streams, stream_chunks
+from models.serving_weights import LoadAdapter, ReloadWeights, UnloadAdapter
 
 POLL = 0.1  # seconds between checks of a waiting request's deadlines and connection
 
@@ -33,14 +42,21 @@ class ClientGone(Exception):
     """The client closed its connection before its answer."""
 
 
-async def finished(served: ServedModel, job: Job, request, since: float) -> Job:
-    """`job` once the engine has decoded it; refused past its deadlines, dropped when the client goes."""
+def wake_on(job: Job) -> asyncio.Event:
+    """An event the engine thread sets when `job` starts, draws tokens (if streamed) or finishes."""
     loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-    job.notify = lambda: loop.call_soon_threadsafe(done.set)
-    served.batcher.submit(job)
+    moved = asyncio.Event()
+    job.notify = job.progress = lambda: loop.call_soon_threadsafe(moved.set)
+    return moved
+
+
+async def waited(served: ServedModel, job: Job, request, since: float, moved: asyncio.Event,
+                 until_started: bool = False) -> Job:
+    """`job` once the engine has decoded it (or started it); refused past its deadlines, dropped when
+    the client goes."""
     limits = served.limits
-    while not done.is_set():
+    while not (job.finished.is_set() or (until_started and job.started.is_set())):
+        moved.clear()
         now = time.monotonic()
         if not job.started.is_set() and now >= since + limits.queue_timeout and job.abandon():
             raise ServingError(503, f"the server is busy: this request waited {limits.queue_timeout:g} s for the "
@@ -53,12 +69,52 @@ async def finished(served: ServedModel, job: Job, request, since: float) -> Job:
             job.abandon()
             raise ClientGone
         try:
-            await asyncio.wait_for(done.wait(), POLL)
+            await asyncio.wait_for(moved.wait(), POLL)
         except TimeoutError:
             pass
     if job.error is not None:
         raise job.error
     return job
+
+
+async def events(served: ServedModel, request, job: Job, prompt_tokens: int, since: float, moved: asyncio.Event):
+    """The server-sent events of a streamed job, as the engine draws its tokens (models/serving_stream.py)."""
+    chat = isinstance(request, ChatRequest)
+    head = {key: value for key, value in envelope("chat" if chat else "text", request.model).items()
+            if key != "object"}
+    streams = choice_streams(request, job)
+    try:
+        if chat:
+            for stream in streams:
+                yield sse({**head, "object": "chat.completion.chunk", "choices": [{
+                    "index": stream.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None}]})
+        while True:
+            moved.clear()
+            final = job.finished.is_set()
+            if final and job.error is not None:
+                yield sse(error_body(500, "the server failed on this request", "server_error"))
+                break
+            for chunk in stream_chunks(served, request, job, head, streams, final):
+                yield sse(chunk)
+            if final:
+                if request.stream_options is not None and request.stream_options.include_usage:
+                    yield sse({**head, "object": "chat.completion.chunk" if chat else "text_completion",
+                               "choices": [], "usage": usage(prompt_tokens, served.choices(request, job))})
+                break
+            if time.monotonic() >= since + served.limits.request_timeout:
+                job.abandon()
+                yield sse(error_body(504, f"the request did not finish within {served.limits.request_timeout:g} s",
+                                     "server_error"))
+                break
+            try:
+                await asyncio.wait_for(moved.wait(), POLL)
+            except TimeoutError:
+                pass
+        yield sse("[DONE]")
+    finally:  # the client went away (the response was cancelled) or the deadline passed
+        if not job.finished.is_set():
+            job.abandon()
 
 
 class ApiKey:
@@ -97,15 +153,19 @@ def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = No
     async def answered(request, http: Request, make_job, answer):
         since = time.monotonic()
         job, prompts = make_job(request)
+        if request.stream:
+            job.drawn = [[] for _ in job.prompts]
+        moved = wake_on(job)
+        served.batcher.submit(job)
         try:
-            job = await finished(served, job, http, since)
+            job = await waited(served, job, http, since, moved, until_started=request.stream)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
-        body = answer(request, job, prompts)
         if not request.stream:
-            return body
-        events = [sse(event) for event in served.stream_events(request, job, body)] + [sse("[DONE]")]
-        return StreamingResponse(iter(events), media_type="text/event-stream")
+            return answer(request, job, prompts)
+        prompt_tokens = len(prompts) if prompts and isinstance(prompts[0], int) else sum(map(len, prompts))
+        return StreamingResponse(events(served, request, job, prompt_tokens, since, moved),
+                                 media_type="text/event-stream")
 
     @app.get("/health")
     async def health() -> dict:

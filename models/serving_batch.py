@@ -35,10 +35,14 @@ class Job:
     params: SamplingParams
     seeds: list[int]
     adapter: str | None = None  # a runtime LoRA adapter's name; None: the served weights
+    copies: int = 1  # rows per prompt (a request's `n`, or 1 when greedy: its choices are one)
     state: str = WAITING
     generations: list[Generation] = field(default_factory=list)
     error: BaseException | None = None
     notify: object = None  # called (on the engine thread) once the job is finished
+    # a streamed job: each row's (token, log-prob, alternatives) so far, and what to call when they grow
+    drawn: list[list[tuple]] | None = None
+    progress: object = None
     finished: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -50,6 +54,8 @@ class Job:
                 return False
             self.state = DECODING
         self.started.set()
+        if self.progress is not None:
+            self.progress()
         return True
 
     def abandon(self) -> bool:
@@ -85,6 +91,7 @@ class Batcher:
         self.engine = threading.Lock()  # held while a batch decodes
         self.waiting = 0  # jobs submitted and not yet decoding (or dropped)
         self.dropped = 0  # jobs their requests gave up on before the engine took them
+        self.cut = 0  # jobs their requests gave up on while they decoded (their rows left the batch)
         self._count = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="serve-model-engine", daemon=True)
         self.thread.start()
@@ -141,13 +148,27 @@ class Batcher:
         def abandoned() -> set[int]:
             return {row for row, k in enumerate(owner) if jobs[k].state == ABANDONED}
 
+        streamed = [job for job in jobs if job.drawn is not None]
+        offsets = [sum(len(j.prompts) for j in jobs[:k]) for k in range(len(jobs))]
+
+        def on_step(rows: list[int], tokens: list[int], logprobs: list[float], tops) -> None:
+            touched = set()
+            for i, row in enumerate(rows):
+                job = jobs[owner[row]]
+                if job.drawn is not None:
+                    job.drawn[row - offsets[owner[row]]].append((tokens[i], logprobs[i], tops[i] if tops else None))
+                    touched.add(owner[row])
+            for k in touched:
+                jobs[k].progress()
+
         try:
             generations = self.decode(prompts, jobs[0].params, [s for job in jobs for s in job.seeds],
-                                      jobs[0].adapter, abandoned)
+                                      jobs[0].adapter, abandoned, on_step if streamed else None)
         except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
             for job in jobs:
                 job.finish(error=exc)
             return
+        self.cut += sum(job.state == ABANDONED for job in jobs)
         start = 0
         for job in jobs:
             job.finish(generations[start:start + len(job.prompts)])

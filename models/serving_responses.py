@@ -1,10 +1,6 @@
 """The answers `posttrain serve-model` sends: OpenAI's chat.completion and text_completion shapes,
-their log-probs, vLLM's returned token ids, and the server-sent events of a streamed answer.
-
-A streamed answer is the non-streamed one cut into one event per generated token: the deltas'
-text joins into the same text (stop strings cut the same way), the log-probs and token ids are the
-same, and the last event of a choice carries its finish_reason.
-"""
+their log-probs, vLLM's returned token ids, and the server-sent event framing (a streamed answer's
+events: models/serving_stream.py)."""
 
 from __future__ import annotations
 
@@ -55,28 +51,10 @@ def usage(prompt_tokens: int, generations: list[Generation]) -> dict:
 
 
 def envelope(kind: str, model: str) -> dict:
-    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"  # "chat...": a chat answer or its chunks
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
-
-
-def text_deltas(tokenizer, token_ids: list[int], text: str) -> list[str]:
-    """`text` (the answer's text: the decoded tokens, cut at a stop string) as one delta per token:
-    token k's delta is what the first k+1 tokens' text adds to the part of `text` already sent, so
-    the deltas join into exactly `text`, and a token that completes no character sends ""."""
-    deltas, sent = [], 0
-    for k in range(len(token_ids)):
-        so_far = tokenizer.decode(token_ids[:k + 1], skip_special_tokens=True)
-        agreed = sent
-        while agreed < min(len(so_far), len(text)) and so_far[agreed] == text[agreed]:
-            agreed += 1
-        if so_far.endswith("\ufffd"):  # half a character: wait for the rest
-            agreed = min(agreed, len(so_far) - 1)
-        deltas.append(text[sent:max(agreed, sent)])
-        sent = max(agreed, sent)
-    if deltas:
-        deltas[-1] += text[sent:]
-    return deltas or [text]
 
 
 def sse(event: dict | str) -> bytes:
     return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
+

@@ -109,3 +109,33 @@ def test_the_completions_limits_are_400s_naming_the_field(base_url):
             None, "top_logprobs needs logprobs true")
     refused(post(base_url, "chat/completions", messages=[{"role": "user", "content": "hi"}], logprobs=True,
                  top_logprobs=21), "top_logprobs", "less than or equal to 20")
+
+
+def test_a_stream_sends_tokens_while_the_engine_still_decodes():
+    """The first events arrive while the batch is still decoding (the engine holds its lock), not
+    once the answer is done; a client that leaves mid-stream stops its rows."""
+    from test_serve_model import running_app
+
+    from models.presets import materialize
+    from models.serving_app import make_app
+
+    app = make_app(materialize("tiny-llama"), "raw")  # untrained: it writes its whole budget
+    batcher = app.state.served.batcher
+    engine = batcher.engine
+    with running_app(app) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        stream = client.completions.create(model="raw", prompt=[1, 2, 3], max_tokens=2000, temperature=1.0,
+                                           stream=True)
+        decoding_at_first_text = None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                decoding_at_first_text = engine.locked()
+                break
+        stream.close()  # the client leaves after its first words
+        assert decoding_at_first_text is True
+        import time
+
+        deadline = time.monotonic() + 30
+        while batcher.cut == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batcher.cut == 1  # its row left the batch before its budget was spent
