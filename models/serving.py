@@ -1,14 +1,14 @@
 """`posttrain serve-model`: one checkpoint behind an OpenAI-compatible API (FastAPI + uvicorn).
 
 A served checkpoint is a policy like any other (docs/DESIGN §7): a teacher for `synthesize`, a
-model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/common/server_policy.py,
-which publishes new weights to it as LoRA adapters), or the endpoint a rollout plays through by
-chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
+model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/common/server_policy.py;
+the stage publishes its new weights to it, tasks/common/weight_sync.py), or the endpoint a rollout
+plays through by chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
 chat request gives exactly what in-process evaluation gives for that prompt, and a token-id
 completion what the local engine gives for those ids. Concurrent requests decode together
 (models/serving_batch.py). The request fields: models/serving_requests.py; the answers' shapes:
-models/serving_responses.py (streamed: models/serving_stream.py); the routes: models/serving_app.py; what it refuses (sizes, bounds,
-deadlines) and how it says so: models/serving_limits.py.
+models/serving_responses.py (streamed: models/serving_stream.py); the routes: models/serving_app.py;
+what it refuses (sizes, bounds, deadlines) and how it says so: models/serving_limits.py.
 """
 
 from __future__ import annotations
