@@ -81,8 +81,9 @@ def batch_key(job: Job) -> tuple:
 
 
 class Batcher:
-    """The engine thread. `decode(prompts, params, seeds, adapter, abandoned)` runs one batch and
-    returns a Generation per prompt; `batches` keeps the (requests, rows) of the last decoded ones."""
+    """The engine thread. `decode(prompts, params, seeds, adapter, abandoned, on_step)` runs one batch
+    and returns a Generation per prompt (`on_step` feeds streamed jobs their tokens as they are drawn,
+    None when no job of the batch streams); `batches` keeps the (requests, rows) of the last ones."""
 
     def __init__(self, decode, window: float = 0.01, max_rows: int = 256):
         self.decode, self.window, self.max_rows = decode, window, max_rows
