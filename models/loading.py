@@ -37,6 +37,16 @@ def context_length(path_or_id: str) -> int | None:
     return getattr(AutoConfig.from_pretrained(str(path_or_id)), "max_position_embeddings", None)
 
 
+def vocab_size(path_or_id) -> int | None:
+    """The model's vocabulary size from its config (None for a folder without one: an adapter's)."""
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.from_pretrained(str(path_or_id)), "vocab_size", None)
+    except (OSError, ValueError):
+        return None
+
+
 def torch_dtype(name: str):
     import torch
 

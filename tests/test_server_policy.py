@@ -220,3 +220,32 @@ def test_a_groups_samples_go_as_one_request_with_n_and_sample_what_local_rows_sa
     assert turns_of(remote) == turns_of(roll_out(LocalPolicy(model, tokenizer), tokenizer, ARITH, tasks, params,
                                                  seed=11))
     assert len({t.text for t in remote[:4]}) > 1
+
+
+def hostile_app(token_ids: list[int]):
+    """A real server that answers every completion with these token ids (log-probs 0)."""
+    from fastapi import FastAPI
+
+    from models.serving_limits import Limits
+
+    app = FastAPI()
+    app.state.limits = Limits()
+
+    @app.post("/v1/completions")
+    async def completions(body: dict) -> dict:
+        return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "text": "", "finish_reason": "length", "token_ids": token_ids,
+                             "logprobs": {"tokens": [], "token_logprobs": [0.0] * len(token_ids),
+                                          "top_logprobs": None, "text_offset": []}}]}
+
+    return app
+
+
+@pytest.mark.parametrize("token_ids", [[10**9], list(range(40))], ids=["outside the vocabulary", "over max_tokens"])
+def test_token_ids_a_model_cannot_have_written_are_refused(token_ids):
+    _, tokenizer = local_model()
+    with running_app(hostile_app(token_ids)) as url:
+        policy = ServerPolicy(url, NAME, tokenizer)
+        policy.vocab = 512
+        with pytest.raises(EndpointError, match="the answer's token ids are not a completion of this model"):
+            policy.generate([1, 2], 0, SamplingParams(8))

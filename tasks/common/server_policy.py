@@ -43,6 +43,7 @@ class ServerPolicy:
         self.target: tuple[str, int] = (model, 0)
         self.max_concurrent = max_concurrent
         self.api_key = api_key
+        self.vocab: int | None = None  # the model's vocabulary size, when known: returned ids must be below it
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=1, timeout=timeout)
 
     @classmethod
@@ -94,7 +95,7 @@ class ServerPolicy:
         version = reported if type(reported) is int and reported >= 0 else version
         generations = []
         for choice in sorted(response.choices, key=lambda c: c.index):
-            token_ids, logprobs = returned_tokens(self.base_url, choice)
+            token_ids, logprobs = returned_tokens(self.base_url, choice, params.max_new_tokens, self.vocab)
             finish_reason = "length" if choice.finish_reason == "length" else "stop"
             text = before_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), params.stop)
             generations.append(Generation(text, token_ids, logprobs, finish_reason, policy_version=version))
@@ -108,7 +109,7 @@ class ServerPolicy:
             model=model, prompt=[0], **self._sampling(SamplingParams(1), 0)))
         if not response.choices:
             raise EndpointError(f"{self.base_url}: the answer has no choices")
-        returned_tokens(self.base_url, response.choices[0])
+        returned_tokens(self.base_url, response.choices[0], 1)
 
     def _sampling(self, params: SamplingParams, seed: int) -> dict:
         extra = {"return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": True}
@@ -130,13 +131,17 @@ def seed_runs(prompts: list[list[int]], seeds: list[int]) -> list[tuple[int, int
     return runs
 
 
-def returned_tokens(base_url: str, choice) -> tuple[list[int], list[float]]:
+def returned_tokens(base_url: str, choice, max_tokens: int, vocab: int | None = None) -> tuple[list[int], list[float]]:
     """The generated ids and their log-probs of an answer's choice, checked: a server (hostile or just
-    another kind) that returns neither, or mismatched ones, is an EndpointError, never a guessed row."""
+    another kind) that returns neither, mismatched ones, more than `max_tokens` or ids outside the
+    vocabulary (`vocab`, when known) is an EndpointError, never a guessed row."""
     token_ids = (choice.model_extra or {}).get("token_ids")
     logprobs = getattr(choice.logprobs, "token_logprobs", None) if choice.logprobs is not None else None
     if not isinstance(token_ids, list) or not all(type(i) is int and i >= 0 for i in token_ids):
         raise EndpointError(f"{base_url}: the answer has no generated token ids; rollouts need {NEEDS}")
+    if len(token_ids) > max_tokens or (vocab is not None and any(i >= vocab for i in token_ids)):
+        raise EndpointError(f"{base_url}: the answer's token ids are not a completion of this model "
+                            f"({len(token_ids)} ids for max_tokens {max_tokens}, vocabulary {vocab})")
     if not isinstance(logprobs, list) or len(logprobs) != len(token_ids) or not all(
             isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
         raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
@@ -150,6 +155,9 @@ def rollout_policy(rollout, folder, tokenizer, ctx, batch_size: int = 64):
         from models.loading import load_model
 
         return LocalPolicy(load_model(folder, ctx.model).to(ctx.device), tokenizer, batch_size)
+    from models.loading import vocab_size
+
     server = ServerPolicy.of(rollout, tokenizer)
+    server.vocab = vocab_size(folder)
     server.check()
     return server
