@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, draw_split, play_oracle
+from envs.openclaw_families import GeneratedClawTasks, request
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
@@ -42,6 +43,8 @@ class OpenClawEnvConfig(BaseModel):
 
     kind: Literal["openclaw"]
     tasks: str | None = None  # a folder shaped like envs/data/openclaw (tasks/, skills/, web.json); None: that one
+    # the tasks drawn from the generated families instead of the folder's task files (its skills and web stay)
+    generated: GeneratedClawTasks | None = None
     max_turns: int = Field(6, ge=2)
     sandbox: SandboxLimits = SandboxLimits()
 
@@ -171,6 +174,14 @@ def load_task(source: Path, skills: dict[str, Skill], files: Path) -> Task:
         "workspace": workspace, "grader": fields["grader"], "grader_args": grader_args, "oracle": actions})
 
 
+def generated_task(family: str, split: str, index: int, seed: int) -> Task:
+    """Variant `index` of a generated family (envs/openclaw_families.py) as a task."""
+    made = request(family, split, index, seed)
+    return Task(id=f"{family}-{split[0]}{index}", prompt=f"{TOOLS_HELP}\n{made.prompt}", answer="", info={
+        "category": family, "family": family, "split": split, "timeout_seconds": 60, "workspace": made.workspace,
+        "grader": made.grader, "grader_args": made.grader_args, "oracle": list(made.oracle)})
+
+
 def graded(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     """The task's grader on the finished episode (a missing outcome raises: an ungraded episode is no 0)."""
     return outcome["graded"]
@@ -200,8 +211,8 @@ class OpenClawEnv:
         folders = sorted(path for path in (root / "skills").glob("*") if path.is_dir())
         self.skills = {skill.name: skill for skill in map(load_skill, folders)}
         self.web = load_web(root / "web.json")
-        self.catalogue = [load_task(path, self.skills, root / "tasks" / "files")
-                          for path in sorted((root / "tasks").glob("*.md"))]
+        self.catalogue = config.generated.catalogue(generated_task) if config.generated is not None else [
+            load_task(path, self.skills, root / "tasks" / "files") for path in sorted((root / "tasks").glob("*.md"))]
         self.rubric = Rubric([
             RewardFunc("task", graded, 1.0),
             RewardFunc("tool_calls", tool_calls, 0.0),

@@ -22,11 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits
 from envs.task_files import files_below
+from envs.terminal_families import GeneratedTerminalTasks, variant
 
 DATA = Path(__file__).with_name("data") / "terminal"
 REMINDER = "\nRun one shell command per turn as <bash>COMMAND</bash>; write <done/> when finished."
@@ -134,6 +135,31 @@ def load_task(folder: Path) -> Task:
                       "storage_mb": config.environment.storage_mb})
 
 
+def generated_task(family: str, split: str, index: int, seed: int) -> Task:
+    """Variant `index` of a generated family (envs/terminal_families.py) as a task; its files
+    travel in `info` instead of a folder."""
+    made = variant(family, split, index, seed)
+    return Task(id=f"{family}-{split[0]}{index}", prompt=made.instruction + REMINDER, answer="",
+                info={"split": split, "family": family, "agent_timeout_sec": 5.0, "verifier_timeout_sec": 5.0,
+                      "memory_mb": 256, "storage_mb": 16, "setup": made.files, "tests": {"test.sh": made.test},
+                      "solution": list(made.solution)})
+
+
+def task_files(task: Task, part: str) -> dict[str, bytes]:
+    """A task's environment/ or tests/ files: from its folder, or generated (held in `info`)."""
+    if "path" not in task.info:
+        return {name: text.encode() for name, text in task.info["setup" if part == "environment" else part].items()}
+    return {name: path.read_bytes() for name, path in files_below(Path(task.info["path"]) / part).items()}
+
+
+def executables(task: Task) -> list[str]:
+    """The setup files to mark executable: a folder's that are; generated scripts run through bash."""
+    if "path" not in task.info:
+        return []
+    return [name for name, path in files_below(Path(task.info["path"]) / "environment").items()
+            if path.stat().st_mode & 0o111]
+
+
 def load_tasks(folder: Path) -> list[Task]:
     """Every task under `folder` (or `folder` itself when it is one task), validated; ValueError
     with one line naming the offending file otherwise."""
@@ -158,11 +184,10 @@ class TerminalEpisode:
     """One task in its own sandbox: setup files in /work, commands in, hidden tests at the end."""
 
     def __init__(self, task: Task, limits: SandboxLimits):
-        self.folder = Path(task.info["path"])
+        self.task = task
         self.verifier_seconds = min(task.info["verifier_timeout_sec"], limits.wall_seconds)
-        setup = files_below(self.folder / "environment")
-        self.sandbox = Sandbox(limits, files={name: path.read_bytes() for name, path in setup.items()})
-        executable = [shlex.quote(name) for name, path in setup.items() if path.stat().st_mode & 0o111]
+        self.sandbox = Sandbox(limits, files=task_files(task, "environment"))
+        executable = [shlex.quote(name) for name in executables(task)]
         if executable:
             self.sandbox.run("chmod +x -- " + " ".join(executable))
         self.outcome: Outcome | None = None  # set once, by finish
@@ -191,7 +216,7 @@ class TerminalEpisode:
         return self.outcome
 
     def _run_tests(self) -> bool:  # test.sh's output is not kept: the outcome is its exit code
-        tests = {name: path.read_bytes() for name, path in files_below(self.folder / "tests").items()}
+        tests = task_files(self.task, "tests")
         command = f'timeout {self.verifier_seconds:g} bash "$TESTS_DIR/test.sh" >/dev/null 2>&1'
         result = self.sandbox.grade(tests, command)
         return result.error is None and result.exit_code == 0
@@ -219,10 +244,17 @@ class TerminalEnvConfig(BaseModel):
 
     kind: Literal["terminal"]
     tasks: str | None = None  # a folder of task folders; None: the ones shipped in envs/data/terminal
+    generated: GeneratedTerminalTasks | None = None  # tasks drawn from the generated families instead of folders
     max_turns: int = Field(6, ge=2)
     # the upper bounds; a task's task.toml may only lower them (agent timeout, memory, storage)
     sandbox: SandboxLimits = SandboxLimits(cpu_seconds=5, wall_seconds=5.0, memory_mb=512, processes=32,
                                            file_size_mb=4, disk_mb=16, output_bytes=256)
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.tasks is not None and self.generated is not None:
+            raise ValueError("tasks and generated: give one (task folders, or the generated families)")
+        return self
 
 
 class TerminalEnv:
@@ -236,11 +268,13 @@ class TerminalEnv:
         self.name = name
         self.max_turns = config.max_turns
         self.folder = Path(config.tasks) if config.tasks is not None else DATA
-        self._tasks = load_tasks(self.folder)
+        generated = config.generated
+        self._tasks = load_tasks(self.folder) if generated is None else generated.catalogue(generated_task)
         for task in self._tasks:
             if len(self.oracle_actions(task)) > self.max_turns:
-                raise ValueError(f"{_shown(self.folder / task.id / 'solution' / 'solve.sh')}: the oracle needs "
-                                 f"more than max_turns={self.max_turns} actions")
+                where = (f"generated family {task.info['family']}" if generated is not None else
+                         _shown(self.folder / task.id / "solution" / "solve.sh"))
+                raise ValueError(f"{where}: the oracle needs more than max_turns={self.max_turns} actions")
         self.rubric = Rubric([RewardFunc("tests", tests_passed, 1.0), RewardFunc("commands", commands_issued, 0.0),
                               RewardFunc("command_errors", command_errors, 0.0)])
 
@@ -263,7 +297,8 @@ class TerminalEnv:
         return TerminalEpisode(task, self.limits(task))
 
     def oracle_actions(self, task: Task) -> list[str]:
-        commands = solution_commands(Path(task.info["path"]) / "solution" / "solve.sh")
+        commands = (task.info["solution"] if "path" not in task.info else
+                    solution_commands(Path(task.info["path"]) / "solution" / "solve.sh"))
         return [CALL.format(command=command) for command in commands] + [DONE]
 
     def reference_completion(self, task: Task) -> str:

@@ -20,6 +20,10 @@ PRESETS = {
     "tiny-llama": ("llama", dict(_COMMON, rope_theta=10000.0)),
     # the agentic envs' episodes (tool docs, JSON calls, observations) run to ~650 tokens
     "tiny-llama-1k": ("llama", dict(_COMMON, rope_theta=10000.0, max_position_embeddings=1024)),
+    # 4.8M parameters, 1,024 positions: big enough to copy made-up names from a prompt into a command
+    "small-llama": ("llama", dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+                                  num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=True,
+                                  rope_theta=10000.0)),
     "tiny-qwen3": ("qwen3", dict(_COMMON, head_dim=32)),
     "tiny-lfm2": ("lfm2", dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                                num_attention_heads=4, num_key_value_heads=2,

@@ -1,11 +1,13 @@
 """`evaluate`: held-out metrics per checkpoint and env.
 
-Per checkpoint and env: greedy accuracy, format rate, doom-loop rate (greedy), mean
+Per checkpoint and env: greedy accuracy and its standard error, format rate, doom-loop rate (greedy), mean
 completion tokens (the policy's), mean turns, truncation rate, reward-function errors, and
 sampled accuracy, and the mean of every graded outcome (a sandboxed env's tests, cod's reward
 by position in the pack). Episodes are played through the env's protocol (tasks/common/rollouts.py), so
 multi-turn envs are evaluated the way they are trained. The
-per-completion rows are the stage's evaluation-results dataset.
+per-completion rows are the stage's evaluation-results dataset. Every checkpoint after the first
+also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous checkpoint's in
+the list, on the same tasks, with the standard error of that paired difference.
 """
 
 from __future__ import annotations
@@ -91,8 +93,10 @@ def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomL
 
 def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
     n = len(greedy)
+    accuracy = sum(r["correct"] for r in greedy) / n
     metrics = {
-        "accuracy": sum(r["correct"] for r in greedy) / n,
+        "accuracy": accuracy,
+        "accuracy_se": math.sqrt(accuracy * (1 - accuracy) / n),
         "format_rate": sum(r["formatted"] for r in greedy) / n,
         "doom_loop_rate": sum(r["doom_loop"] for r in greedy) / n,
         "mean_completion_tokens": sum(r["completion_tokens"] for r in greedy) / n,
@@ -111,6 +115,30 @@ def summarize(greedy: list[dict], sampled: list[dict]) -> dict:
         metrics[f"mean_{key}"] = _mean_finite(row[key] for row in greedy if key in row)  # e.g. cod's reward by position
     metrics.update(judge_metrics(greedy))  # empty unless a judge graded the rows
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+
+
+def paired_difference(before: list[float], after: list[float]) -> tuple[float, float]:
+    """Mean and standard error of d_i = after_i - before_i over the same n tasks:
+    mean(d) and sd(d) / sqrt(n), sd with n - 1 (0 for one task). The pairing removes the
+    spread between tasks that two independent rates' errors would both carry."""
+    differences = [a - b for a, b in zip(after, before, strict=True)]
+    n = len(differences)
+    mean = sum(differences) / n
+    variance = sum((d - mean) ** 2 for d in differences) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(variance / n)
+
+
+def add_paired_gains(metrics: dict[str, dict[str, dict]], rows: list[dict]) -> None:
+    """`paired_gain` / `paired_se` of each checkpoint over the one before it in `metrics`, per env,
+    from the greedy rows (the same eval tasks for every checkpoint: paired by task id)."""
+    correct = {(r["checkpoint"], r["env"], r["task_id"]): float(r["correct"]) for r in rows if r["mode"] == "greedy"}
+    checkpoints = list(metrics)
+    for before, after in zip(checkpoints, checkpoints[1:]):
+        for env_id, values in metrics[after].items():
+            tasks = [task for (key, env, task) in correct if key == after and env == env_id]
+            gain, se = paired_difference([correct[before, env_id, t] for t in tasks],
+                                         [correct[after, env_id, t] for t in tasks])
+            values.update(paired_gain=round(gain, 4), paired_se=round(se, 4))
 
 
 def _mean_finite(values) -> float:
@@ -164,6 +192,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
             progress.update(sum(len(done) for done in metrics.values()))
+    add_paired_gains(metrics, rows)
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
     report_dir = ctx.workdir / "report"
