@@ -8,7 +8,8 @@ completion), counted and limited. `FINAL(answer)` or `FINAL_VAR(variable)` outsi
 episode with that answer, an action with neither code nor a final ends it unanswered. The episode
 grades its answer when it finishes, so the rubric reads the outcome (a FINAL_VAR answer lives in
 the REPL, not in the transcript). Tasks are generated from a seed: counts, lookups and sums over a
-log, a code hidden in filler text, and a note that code finds and a sub-call reads (`ask`).
+log (how many lines, which amount, sum, largest, first id), a code hidden in filler text, how often
+the text mentions a thing, and a note that code finds and a sub-call reads (`ask`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
 
-FAMILIES = ("count", "lookup", "sum", "needle", "ask")
+FAMILIES = ("count", "lookup", "sum", "largest", "first", "needle", "ask", "mentions")
+LOG_FAMILIES = ("count", "lookup", "sum", "largest", "first")
 EVAL_SHARE = 10  # one round of families in EVAL_SHARE goes to the held-out split
 USERS = ("ann", "bob", "cid", "dan", "eve", "fay")
 STATUSES = ("ok", "ok", "ok", "error", "retry")
@@ -95,11 +97,21 @@ def _log_task(family: str, draw: random.Random, chars: int) -> Generated:
         row = draw.choice(rows)
         query, answer = f"What amount does the line with id={row['id']} have?", row["amount"]
         code = f"n = [r['amount'] for r in rows if r['id'] == '{row['id']}'][0]"
-    else:
+    elif family == "sum":
         user = draw.choice(USERS)
         query, answer = f"What is the sum of amounts for user {user}?", sum(int(r["amount"]) for r in rows
                                                                             if r["user"] == user)
         code = f"n = sum(int(r['amount']) for r in rows if r['user'] == '{user}')"
+    elif family == "largest":
+        user = draw.choice(USERS)
+        query, answer = f"What is the largest amount for user {user}?", max(int(r["amount"]) for r in rows
+                                                                             if r["user"] == user)
+        code = f"n = max(int(r['amount']) for r in rows if r['user'] == '{user}')"
+    else:
+        status = draw.choice(("error", "retry"))
+        query, answer = f"What is the id of the first line with status={status}?", next(
+            r["id"] for r in rows if r["status"] == status)
+        code = f"n = [r['id'] for r in rows if r['status'] == '{status}'][0]"
     return Generated("log", "\n".join(lines), query, str(answer), PARSE_LOG + code)
 
 
@@ -113,6 +125,10 @@ def _text_task(family: str, draw: random.Random, chars: int) -> Generated:
         answer = "".join(draw.choice(CODE_CHARS) for _ in range(5))
         hidden, query = [f"The secret code is {answer}."], "What is the secret code?"
         code = "n = context.split('The secret code is ')[1].split('.')[0]"
+    elif family == "mentions":
+        thing = draw.choice(OBJECTS)
+        hidden, query = [], f"How many times does the text mention {thing}?"
+        code = f"n = context.count('{thing}')"
     else:  # the note is found by code and read by a sub-call
         people, places = draw.sample(USERS, 3), draw.sample(PLACES, 3)
         hidden = [f"Note from {person}: {draw.choice(MEETINGS)} {place}." for person, place in zip(people, places)]
@@ -120,7 +136,10 @@ def _text_task(family: str, draw: random.Random, chars: int) -> Generated:
         code = f"i = context.find('Note from {people[0]}:')\nn = llm_query('Where to meet? ' + context[i:i+60])"
     for sentence in hidden:
         sentences.insert(draw.randrange(len(sentences) + 1), sentence)
-    return Generated("text", " ".join(sentences), query, answer, code)
+    context = " ".join(sentences)
+    if family == "mentions":
+        answer = str(context.count(thing))
+    return Generated("text", context, query, answer, code)
 
 
 @functools.lru_cache(maxsize=16)
@@ -128,7 +147,7 @@ def generate(family: str, seed: str, context_chars: int) -> Generated:
     """A task's context, query, answer and oracle cell, the same every time for the same seed."""
     draw = random.Random(f"rlm:{seed}")
     chars = draw.randint(context_chars * 2 // 3, context_chars * 2)
-    return (_log_task if family in ("count", "lookup", "sum") else _text_task)(family, draw, chars)
+    return (_log_task if family in LOG_FAMILIES else _text_task)(family, draw, chars)
 
 
 def oracle_llm(prompt: str) -> str:

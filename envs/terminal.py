@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
+from envs.base import NO_OUTCOME, EnvFieldError, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
 from envs.sandbox import Result, Sandbox, SandboxLimits
 from envs.task_files import files_below
 from envs.terminal_families import GeneratedTerminalTasks, variant
@@ -271,10 +271,13 @@ class TerminalEnv:
         generated = config.generated
         self._tasks = load_tasks(self.folder) if generated is None else generated.catalogue(generated_task)
         for task in self._tasks:
-            if len(self.oracle_actions(task)) > self.max_turns:
-                where = (f"generated family {task.info['family']}" if generated is not None else
-                         _shown(self.folder / task.id / "solution" / "solve.sh"))
-                raise ValueError(f"{where}: the oracle needs more than max_turns={self.max_turns} actions")
+            if len(self.oracle_actions(task)) <= self.max_turns:
+                continue
+            if generated is not None:
+                raise EnvFieldError("max_turns", f"{self.max_turns} is fewer than the {task.info['family']} family's "
+                                    f"oracle needs ({len(self.oracle_actions(task))} actions)")
+            raise ValueError(f"{_shown(self.folder / task.id / 'solution' / 'solve.sh')}: the oracle needs "
+                             f"more than max_turns={self.max_turns} actions")
         self.rubric = Rubric([RewardFunc("tests", tests_passed, 1.0), RewardFunc("commands", commands_issued, 0.0),
                               RewardFunc("command_errors", command_errors, 0.0)])
 

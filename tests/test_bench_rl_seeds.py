@@ -43,3 +43,30 @@ def test_rl_async_writes_both_sides_and_the_staleness(tmp_path, shared_prefect_a
     assert runs["asynchronous"][0]["staleness_histogram"] == {"0": 4, "1": 8}  # ahead by one after the first
     assert result["ratio"] == pytest.approx(result["peer"] / result["ours"], rel=1e-3)
     assert all(r["held_out_n"] == 16 and r["steps"] == 3 for side in runs.values() for r in side)
+
+
+def test_agentic_seeds_writes_every_seed_against_the_rl_input_and_prints_the_table(tmp_path, shared_prefect_api,
+                                                                                   capsys):
+    from bench import agentic_seeds
+
+    spec = tiny_spec(f"file://{tmp_path / 'store'}")
+    spec["envs"]["packs"] = {"kind": "cod", "pack_size": 2, "eval_pack_size": 2}
+    spec["stages"].insert(2, {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
+                              "prompts_per_step": 2, "group_size": 2, "max_tokens": 8})
+    spec["stages"][-1].update(checkpoints=["sft", "rl"], envs=["arith", "packs"], n=8, sampled=None)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "agentic_seeds.json"
+    result = agentic_seeds.main(["--spec", str(path), "--seeds", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == result and tuple(result)[:len(RESULT_KEYS)] == RESULT_KEYS
+    assert set(result["envs"]) == {"arith", "cod"} and result["config"]["seeds"] == ["rl", "rl-seed1"]
+    for row in result["envs"].values():
+        assert row["n"] == 8 and set(row) == {"n", "sft", "rl", "paired_se", "paired_gain"}
+        assert len(row["rl"]) == len(row["paired_se"]) == 2 and row["sft"][0] == row["sft"][1]
+        assert all(0 <= rate <= 1 for rate in row["rl"]) and all(se >= 0 for se in row["paired_se"])
+        assert [round(rl - row["sft"][0], 4) for rl in row["rl"]] == row["paired_gain"]
+    assert len(result["cod_by_position"]["rl"]) == len(result["cod_by_position"]["sft"]) == 2  # the eval packs' positions
+    capsys.readouterr()
+    agentic_seeds.main(["--out", str(out), "--table"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("| env | held-out episodes | sft |") and "| cod | 8 |" in printed

@@ -20,6 +20,12 @@ def test_envs_check_prints_a_row_per_task_and_passes(capsys):
     assert out.strip().endswith("terminal: 25/25 tasks hold (oracle = full reward 1, no-op = 0)")
 
 
+def test_envs_check_plays_the_generated_families(capsys):
+    code, out, _ = run_cli(capsys, "envs", "check", "openclaw", "--generated", "1")
+    assert code == 0 and "count-lines-e0" in out and "write-file-t0" in out
+    assert out.strip().endswith("openclaw: 14/14 tasks hold (oracle = full reward 1, no-op = 0)")
+
+
 def test_envs_check_fails_a_task_whose_solution_is_wrong(tmp_path, capsys):
     tasks = tmp_path / "tasks"
     shutil.copytree(f"{SHIPPED}/count-lines", tasks / "count-lines")
@@ -36,6 +42,10 @@ def test_envs_check_bad_input_is_one_line(tmp_path, capsys):
     assert code == 2 and err.startswith("error: unknown env kind 'chess' (kinds: arith, calc, search")
     code, _, err = run_cli(capsys, "envs", "check", "terminal", "--tasks", str(tmp_path / "none"))
     assert code == 2 and err == f"error: {tmp_path / 'none'}: no such task folder"
+    code, _, err = run_cli(capsys, "envs", "check", "search", "--generated", "2")
+    assert code == 2 and err == "error: --generated: 'search' has no generated families (terminal and openclaw have)"
+    code, _, err = run_cli(capsys, "envs", "check", "terminal", "--generated", "0")
+    assert code == 2 and err == "error: --generated: 0 variants per split; give 1 to 1000"
 
 
 def test_sandbox_shows_what_the_policy_would_see(tmp_path, capsys, monkeypatch):

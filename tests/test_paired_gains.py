@@ -38,3 +38,11 @@ def test_the_summary_carries_the_accuracy_standard_error():
                "turns": 1, "reward": float(c), "reward_errors": 0, "reward_not_applied": 0} for c in (1, 1, 0, 0)]
     summary = summarize(greedy, [])
     assert summary["accuracy"] == 0.5 and summary["accuracy_se"] == 0.25
+
+
+def test_with_a_baseline_every_other_checkpoint_is_paired_with_it():
+    rows = _rows("sft", "term", [0, 0, 0, 0]) + _rows("align", "term", [1, 0, 0, 0]) + _rows("rl", "term", [1, 1, 1, 0])
+    metrics = {"sft": {"term": {}}, "align": {"term": {}}, "rl": {"term": {}}}
+    add_paired_gains(metrics, rows, baseline="align")
+    assert metrics["align"] == {"term": {}}
+    assert metrics["sft"]["term"]["paired_gain"] == -0.25 and metrics["rl"]["term"]["paired_gain"] == 0.5

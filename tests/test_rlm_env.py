@@ -109,7 +109,7 @@ def test_final_answers_literally_and_final_var_reads_the_repl():
 
 
 def test_llm_query_is_limited_per_episode_and_refusals_raise_in_the_cell():
-    env = RlmEnv(RlmEnvConfig(kind="rlm", tasks=10, max_llm_calls=2, query_chars=50))
+    env = RlmEnv(RlmEnvConfig(kind="rlm", tasks=16, max_llm_calls=2, query_chars=50))
     cell = ("got = []\nfor k in range(3):\n    try:\n        got.append(llm_query(f'q{k}'))\n"
             "    except RuntimeError as exc:\n        got.append(str(exc))\nprint(got)</repl>")
     observations, outcome = play(env.all_tasks()[0], ["<repl>" + cell, "<repl>llm_query('x' * 51)</repl>"],
@@ -137,7 +137,7 @@ def test_a_failing_cell_is_an_error_observation_and_the_episode_goes_on():
 
 
 def test_hostile_cells_end_in_errors_not_exceptions():
-    env = RlmEnv(RlmEnvConfig(kind="rlm", tasks=10, sandbox=SandboxLimits(wall_seconds=1)))
+    env = RlmEnv(RlmEnvConfig(kind="rlm", tasks=16, sandbox=SandboxLimits(wall_seconds=1)))
     observations, _ = play(env.all_tasks()[0], ["<repl>while True: pass</repl>", "<repl>print(len(context))</repl>"],
                            env=env)
     assert observations[0].startswith("\n<output>[error: ") and "timed out" in observations[0]
@@ -168,7 +168,7 @@ def test_splits_are_disjoint_seeded_and_cycle():
     train, held_out = ENV.tasks("train", 35, 0), ENV.tasks("eval", 12, 3)
     base_id = lambda task: task.id.split("-r")[0]  # a repeat is `<id>-r<pass>`
     assert {base_id(t) for t in train} == {t.id for t in TASKS} - {base_id(t) for t in held_out}
-    assert {t.info["family"] for t in held_out} == set(FAMILIES) and len({base_id(t) for t in held_out}) == 5
+    assert {t.info["family"] for t in held_out} == set(FAMILIES) and len({base_id(t) for t in held_out}) == len(FAMILIES)
     assert len({t.id for t in held_out}) == 12
     assert [t.id for t in held_out] == [t.id for t in ENV.tasks("eval", 12, 3)] != [t.id for t in ENV.tasks("eval", 12, 4)]
     with pytest.raises(ValueError, match="unknown split"):

@@ -145,6 +145,17 @@ CASES = {
     "missing terminal task folder": (
         {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": "/nonexistent/tasks"}}},
         "envs.term.tasks: /nonexistent/tasks: no such task folder"),
+    "terminal tasks and generated both": (
+        {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": "t", "generated": {}}}},
+        "envs.term: Value error, tasks and generated: give one (task folders, or the generated families)"),
+    "unknown generated family": (
+        {**GOOD, "envs": {**GOOD["envs"], "claw": {"kind": "openclaw", "generated": {"families": ["juggle"]}}}},
+        "envs.claw.generated.families[0]: Input should be 'write-file', "),
+    "generated family beyond max_turns": (
+        {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "max_turns": 3, "generated": {"train": 2}}}},
+        "envs.term.max_turns: 3 is fewer than the fix-script family's oracle needs (4 actions)"),
+    "evaluation baseline not among its checkpoints": (
+        with_stage(2, baseline="warmup"), "stages[2]: Value error, baseline: 'warmup' is not one of checkpoints (sft)"),
     "rl env weight 0": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"envs": {"arith": 0}}]},
         "stages[3].envs.arith: Input should be greater than 0"),

@@ -12,12 +12,21 @@ class EnvInputError(Exception):
     """Bad input to an envs command (exit code 2)."""
 
 
-def env_config(kind: str, tasks: str | None, spec):
-    """The env's config: the spec's env of that id, else the kind's defaults (`tasks` overrides the folder)."""
+def env_config(kind: str, tasks: str | None, spec, generated: int | None = None):
+    """The env's config: the spec's env of that id, else the kind's defaults (`tasks` overrides the
+    folder; `generated`: that many variants per split of each generated family instead)."""
     from pydantic import ValidationError
 
     from envs.loader import ENV_CONFIG, ENV_KINDS
 
+    if generated is not None:
+        if spec is not None or tasks:
+            raise EnvInputError("--generated: give it alone (not with --spec or --tasks)")
+        if not 1 <= generated <= 1000:
+            raise EnvInputError(f"--generated: {generated} variants per split; give 1 to 1000")
+        if kind not in ENV_KINDS or "generated" not in ENV_CONFIG.validate_python({"kind": kind}).model_fields:
+            raise EnvInputError(f"--generated: {kind!r} has no generated families (terminal and openclaw have)")
+        return ENV_CONFIG.validate_python({"kind": kind, "generated": {"train": generated, "eval": generated}})
     if spec is not None:
         if kind not in spec.envs:
             raise EnvInputError(f"env {kind!r} is not in the spec (it has: {', '.join(spec.envs)})")
@@ -33,14 +42,14 @@ def env_config(kind: str, tasks: str | None, spec):
         raise EnvInputError(f"{where}: {error['msg']}") from None
 
 
-def check(kind: str, tasks: str | None, spec) -> int:
+def check(kind: str, tasks: str | None, spec, generated: int | None = None) -> int:
     """Plays every task with the oracle and with a no-op; prints the table; 0 only if all hold."""
     from envs.loader import make_env
     from envs.sandbox import SandboxUnavailable
     from models.loading import load_tokenizer, resolve_base
     from tasks.common.env_check import check_env
 
-    config = env_config(kind, tasks, spec)
+    config = env_config(kind, tasks, spec, generated)
     try:
         env = make_env(kind if spec is not None else config.kind, config)
         tokenizer = load_tokenizer(resolve_base(spec.model.base if spec is not None else "tiny-llama"))

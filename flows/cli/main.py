@@ -128,7 +128,7 @@ def cmd_envs_check(args) -> int:
 
     spec = open_spec(args.spec)[0] if args.spec else None
     try:
-        return check(args.kind, args.tasks, spec)
+        return check(args.kind, args.tasks, spec, args.generated)
     except EnvInputError as exc:
         raise UserError(str(exc)) from None
 
@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     env_check.add_argument("kind", help="an env kind (its shipped tasks), or an env id of --spec")
     env_check.add_argument("--tasks", help="a task folder instead of the shipped one")
     env_check.add_argument("--spec", help="take the env (by id) and the tokenizer from this spec")
+    env_check.add_argument("--generated", type=int, metavar="N", help="check N train and N held-out variants of "
+                           "each generated family instead of the shipped tasks (terminal, openclaw)")
     env_check.set_defaults(func=cmd_envs_check)
     env_list = envs.add_parser("list", help="the env kinds a spec can name: built in, and from installed packages")
     env_list.set_defaults(func=cmd_envs_list)

@@ -5,9 +5,10 @@ completion tokens (the policy's), mean turns, truncation rate, reward-function e
 sampled accuracy, and the mean of every graded outcome (a sandboxed env's tests, cod's reward
 by position in the pack). Episodes are played through the env's protocol (tasks/common/rollouts.py), so
 multi-turn envs are evaluated the way they are trained. The
-per-completion rows are the stage's evaluation-results dataset. Every checkpoint after the first
-also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous checkpoint's in
-the list, on the same tasks, with the standard error of that paired difference.
+per-completion rows are the stage's evaluation-results dataset. Every checkpoint but the first (or
+but the `baseline`) also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous
+checkpoint's in the list (or the baseline's), on the same tasks, with the standard error of that
+paired difference.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class EvaluateStage(StageBase):
     sampled: SampledEval | None = SampledEval()
     judge: Judge | None = None  # also a judge model's verdict on every greedy answer
     seed: int = 0
+    baseline: str | None = None  # paired gains against this checkpoint; None: each against the one before it
     rollout: Rollout = Field(default_factory=Rollout)  # decode here, or on the server serving the one checkpoint
 
     @model_validator(mode="after")
@@ -57,6 +59,8 @@ class EvaluateStage(StageBase):
         if self.rollout.backend == "server" and len(self.checkpoints) != 1:
             raise ValueError("rollout: a server serves one model; evaluate one checkpoint per stage through it "
                              f"(checkpoints has {len(self.checkpoints)})")
+        if self.baseline is not None and self.baseline not in self.checkpoints:
+            raise ValueError(f"baseline: {self.baseline!r} is not one of checkpoints ({', '.join(self.checkpoints)})")
         if self.rollout.sync_folder is not None:
             raise ValueError("rollout.sync_folder: only an rl stage publishes weights")
         return self
@@ -128,12 +132,15 @@ def paired_difference(before: list[float], after: list[float]) -> tuple[float, f
     return mean, math.sqrt(variance / n)
 
 
-def add_paired_gains(metrics: dict[str, dict[str, dict]], rows: list[dict]) -> None:
-    """`paired_gain` / `paired_se` of each checkpoint over the one before it in `metrics`, per env,
-    from the greedy rows (the same eval tasks for every checkpoint: paired by task id)."""
+def add_paired_gains(metrics: dict[str, dict[str, dict]], rows: list[dict], baseline: str | None = None) -> None:
+    """`paired_gain` / `paired_se` of each checkpoint over `baseline`, or else over the one before
+    it in `metrics`, per env, from the greedy rows (every checkpoint plays the same eval tasks:
+    paired by task id)."""
     correct = {(r["checkpoint"], r["env"], r["task_id"]): float(r["correct"]) for r in rows if r["mode"] == "greedy"}
     checkpoints = list(metrics)
-    for before, after in zip(checkpoints, checkpoints[1:]):
+    pairs = ([(baseline, other) for other in checkpoints if other != baseline] if baseline is not None
+             else zip(checkpoints, checkpoints[1:]))
+    for before, after in pairs:
         for env_id, values in metrics[after].items():
             tasks = [task for (key, env, task) in correct if key == after and env == env_id]
             gain, se = paired_difference([correct[before, env_id, t] for t in tasks],
@@ -192,7 +199,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
             progress.update(sum(len(done) for done in metrics.values()))
-    add_paired_gains(metrics, rows)
+    add_paired_gains(metrics, rows, stage.baseline)
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
     report_dir = ctx.workdir / "report"

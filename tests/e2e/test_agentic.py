@@ -1,5 +1,5 @@
 """End-to-end: the agentic pipeline's shape (agentic.yaml) on tiny settings through the real CLI:
-oracle warm-ups -> multi-dataset SFT -> whole-episode generation
+oracle warm-ups (terminal's and openclaw's tasks from the generated families) -> multi-dataset SFT -> whole-episode generation
 (through the rollouts contract's mask checks) -> StepPO over the five envs with CoD credit ->
 per-env evaluation. (Preference on episodes: tests/test_multi_turn_data.py; a 4-step SFT model
 ties every group, so it would have no pairs here.)"""
@@ -9,9 +9,11 @@ import json
 from artifacts.store import Store
 from tests.e2e.helpers import by_id, posttrain, summary, write
 
-ENVS = {"term": {"kind": "terminal", "max_turns": 5}, "search": {"kind": "search", "max_turns": 3},
-        "rlm": {"kind": "rlm", "context_chars": 2000, "max_turns": 3, "tasks": 20},
-        "claw": {"kind": "openclaw", "max_turns": 5}, "packs": {"kind": "cod", "pack_size": 2, "eval_pack_size": 2}}
+ENVS = {"term": {"kind": "terminal", "max_turns": 5, "generated": {"train": 2, "eval": 1}},
+        "search": {"kind": "search", "max_turns": 3}, "rlm": {"kind": "rlm", "context_chars": 2000, "max_turns": 3,
+                                                              "tasks": 20},
+        "claw": {"kind": "openclaw", "max_turns": 5, "generated": {"train": 2, "eval": 1}},
+        "packs": {"kind": "cod", "pack_size": 2, "eval_pack_size": 2}}
 
 
 WARMED = ("term", "packs")
@@ -33,7 +35,7 @@ def agentic_spec(store) -> dict:
             {"id": "rl", "kind": "rl", "policy": "sft", "algorithm": "steppo", "credit": "cod",
              "envs": {env: 1.0 for env in ENVS}, "steps": 1, "prompts_per_step": 5, "group_size": 2,
              "max_tokens": 16, "anti_doom": {"penalty": 0.5}, "checkpoint_every": 5},
-            {"id": "final-eval", "kind": "evaluate", "checkpoints": ["rl"], "envs": list(ENVS), "n": 2,
+            {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "rl"], "envs": list(ENVS), "n": 2,
              "max_new_tokens": 16, "sampled": None},
         ],
     }
@@ -55,8 +57,10 @@ def test_agentic_pipeline_runs_every_env_and_evaluates_each(tmp_path):
     assert {key.split("/")[0] for step in steps for key in step if "/" in key} <= set(ENVS)
     evaluation = stages["final-eval"]["metrics"]
     assert set(evaluation["rl"]) == set(ENVS)
-    for env in ENVS:
-        assert {"accuracy", "mean_turns", "mean_reward", "n"} <= set(evaluation["rl"][env])
+    for env in ENVS:  # rl's gain over sft on the same held-out tasks, with its paired standard error
+        assert {"accuracy", "accuracy_se", "paired_gain", "paired_se", "mean_turns", "n"} <= set(evaluation["rl"][env])
+        assert evaluation["rl"][env]["paired_gain"] == round(
+            evaluation["rl"][env]["accuracy"] - evaluation["sft"][env]["accuracy"], 4)
     assert "mean_outcome_position_0" in evaluation["rl"]["packs"]  # CoD reward by position in the pack
     assert "mean_outcome_tests_passed" in evaluation["rl"]["term"]
     rollouts = Store(f"file://{store}").manifest(stages["onpolicy"]["outputs"]["rollouts"])["metrics"]
