@@ -162,10 +162,10 @@ FILTERS: dict[str, tuple[str, str, Callable[[list[str], str], list[str]]]] = {
     "grep": ("keep the lines containing {word}", "grep {word} {name}",
              lambda lines, word: [line for line in lines if word in line]),
 }
-FINISHES: dict[str, tuple[str, str, Callable[[list[str], int], str]]] = {
-    "first": ("write the first {n} of them", "head -n {n}", lambda lines, n: _lines(lines[:n])),
-    "count": ("write how many there are", "wc -l", lambda lines, n: f"{len(lines)}\n"),
-    "last": ("write the last one", "tail -n 1", lambda lines, n: _lines(lines[-1:])),
+FINISHES = {  # the phrase and the command of each finishing step
+    "first": ("write the first {n} of them", "head -n {n}"),
+    "count": ("write how many there are", "wc -l"),
+    "last": ("write the last one", "tail -n 1"),
 }
 HELD_OUT_PIPES = {("sort", "count"), ("distinct", "last"), ("grep", "first")}
 
@@ -179,9 +179,10 @@ def pipe(d: random.Random, w: Words, split: str) -> Variant:
     if not any(word in line for line in body):
         body[0] = f"{word} {others[0]}"
     f_phrase, f_command, f_apply = FILTERS[filter_name]
-    g_phrase, g_command, g_apply = FINISHES[finish_name]
+    g_phrase, g_command = FINISHES[finish_name]
     kept = f_apply(body, word)
-    check = holds_number(out, len(kept)) if finish_name == "count" else holds(out, g_apply(kept, n))
+    check = (holds_number(out, len(kept)) if finish_name == "count" else
+             holds(out, _lines(kept[:n] if finish_name == "first" else kept[-1:])))
     instruction = (f"Take {name}, {f_phrase.format(word=word)}, then {g_phrase.format(n=n)} to {out}.")
     command = f"{f_command.format(name=name, word=word)} | {g_command.format(n=n)} > {out}"
     return Variant("pipe", instruction, {name: _lines(body)}, (command,), _test(check))

@@ -50,6 +50,14 @@ def wake_on(job: Job) -> asyncio.Event:
     return moved
 
 
+def overdue(served: ServedModel, job: Job, since: float) -> ServingError | None:
+    """The 504 of a request past its deadline (the job abandoned), else None."""
+    if time.monotonic() < since + served.limits.request_timeout:
+        return None
+    job.abandon()
+    return ServingError(504, f"the request did not finish within {served.limits.request_timeout:g} s", "server_error")
+
+
 async def waited(served: ServedModel, job: Job, request, since: float, moved: asyncio.Event,
                  until_started: bool = False) -> Job:
     """`job` once the engine has decoded it (or started it); refused past its deadlines, dropped when
@@ -61,10 +69,8 @@ async def waited(served: ServedModel, job: Job, request, since: float, moved: as
         if not job.started.is_set() and now >= since + limits.queue_timeout and job.abandon():
             raise ServingError(503, f"the server is busy: this request waited {limits.queue_timeout:g} s for the "
                                     "requests ahead of it; try again later", "server_error")
-        if now >= since + limits.request_timeout:
-            job.abandon()
-            raise ServingError(504, f"the request did not finish within {limits.request_timeout:g} s",
-                               "server_error")
+        if (late := overdue(served, job, since)) is not None:
+            raise late
         if await request.is_disconnected():
             job.abandon()
             raise ClientGone
@@ -102,10 +108,8 @@ async def events(served: ServedModel, request, job: Job, prompt_tokens: int, sin
                     yield sse({**head, "object": "chat.completion.chunk" if chat else "text_completion",
                                "choices": [], "usage": usage(prompt_tokens, served.choices(request, job))})
                 break
-            if time.monotonic() >= since + served.limits.request_timeout:
-                job.abandon()
-                yield sse(error_body(504, f"the request did not finish within {served.limits.request_timeout:g} s",
-                                     "server_error"))
+            if (late := overdue(served, job, since)) is not None:
+                yield sse(error_body(late.status, late.message, late.kind))
                 break
             try:
                 await asyncio.wait_for(moved.wait(), POLL)

@@ -194,7 +194,8 @@ def copy_weights(model, files: list[Path]) -> None:
         if tuple(tensor.shape) != tuple(params[name].shape):
             raise ServingError(400, f"weights_path: {name} is {list(tensor.shape)}, the served model's is "
                                     f"{list(params[name].shape)}", param="weights_path")
-    tied = {name for name, p in params.items() if any(p is q for other, q in params.items() if other in state)}
+    given = {id(params[name]) for name in state}  # a tensor tied to a given one is given too
+    tied = {name for name, p in params.items() if id(p) in given}
     missing = sorted(set(params) - set(state) - tied)
     if missing:
         raise ServingError(400, f"weights_path: {missing[0]} is missing", param="weights_path")

@@ -47,14 +47,8 @@ class EndpointPolicy:
 
     def check_model(self) -> None:
         """Fail in one line unless the endpoint answers and serves the model."""
-        import openai
-
-        try:
-            served = [card.id for card in self.client.models.list()]
-        except openai.APIConnectionError as exc:
-            raise EndpointError(f"{self.base_url}: cannot reach the endpoint ({connection_reason(exc)})") from None
-        except openai.APIStatusError as exc:
-            raise EndpointError(f"{self.base_url}: HTTP {exc.status_code}: {api_message(exc)}") from None
+        served = endpoint_call(self.base_url, self.client, self.model,
+                               lambda: [card.id for card in self.client.models.list()])
         if self.model not in served:
             raise EndpointError(f"{self.base_url}: unknown model {self.model!r} (the endpoint serves: "
                                 f"{', '.join(served) or 'none'})")

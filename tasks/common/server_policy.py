@@ -51,6 +51,15 @@ class ServerPolicy:
         """The policy of a stage's `rollout:` config; its key from the variable it names."""
         return cls(rollout.endpoint, rollout.model, tokenizer, api_key=endpoint_api_key(rollout, field))
 
+    @classmethod
+    def checked(cls, rollout, tokenizer, vocab: int) -> "ServerPolicy":
+        """`of(rollout)` for a model of `vocab` tokens, its server checked (one line naming the
+        endpoint) before anything runs."""
+        server = cls.of(rollout, tokenizer)
+        server.vocab = vocab
+        server.check()
+        return server
+
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
             seeds: list[int]) -> list[Generation]:
         return self.generate_many([context.ids for context in contexts], params, seeds)
@@ -157,7 +166,4 @@ def rollout_policy(rollout, folder, tokenizer, ctx, batch_size: int = 64):
         return LocalPolicy(load_model(folder, ctx.model).to(ctx.device), tokenizer, batch_size)
     from models.loading import vocab_size
 
-    server = ServerPolicy.of(rollout, tokenizer)
-    server.vocab = vocab_size(folder)
-    server.check()
-    return server
+    return ServerPolicy.checked(rollout, tokenizer, vocab_size(folder))

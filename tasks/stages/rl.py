@@ -309,9 +309,7 @@ def rollout_source(stage: RlStage, ctx: StageContext, policy, tokenizer, trainin
         return rollouts_of(stage, collect_with, local, policy)
     if stage.asynchronous is not None and training.accelerator.num_processes > 1:
         raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
-    server = ServerPolicy.of(stage.rollout, tokenizer)
-    server.vocab = policy.config.vocab_size
-    server.check()  # one line naming the endpoint, before any training
+    server = ServerPolicy.checked(stage.rollout, tokenizer, policy.config.vocab_size)  # before any training
     sync = WeightSync(server, stage.rollout.sync_folder, ctx.stage_id, ctx.model.lora is not None)
     return rollouts_of(stage, collect_with, local, policy, server, sync)
 
