@@ -65,7 +65,8 @@ def test_agentic_seeds_writes_every_seed_against_the_rl_input_and_prints_the_tab
         assert len(row["rl"]) == len(row["paired_se"]) == 2 and row["sft"][0] == row["sft"][1]
         assert all(0 <= rate <= 1 for rate in row["rl"]) and all(se >= 0 for se in row["paired_se"])
         assert [round(rl - row["sft"][0], 4) for rl in row["rl"]] == row["paired_gain"]
-    assert len(result["cod_by_position"]["rl"]) == len(result["cod_by_position"]["sft"]) == 2  # the eval packs' positions
+    positions = result["cod_by_position"]
+    assert len(positions["rl"]) == len(positions["sft"]) == 2  # the eval packs' positions
     capsys.readouterr()
     agentic_seeds.main(["--out", str(out), "--table"])
     printed = capsys.readouterr().out

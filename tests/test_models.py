@@ -12,7 +12,8 @@ def test_presets_are_normal_hf_folders_with_chat_template():
         folder = materialize(name)
         model = AutoModelForCausalLM.from_pretrained(str(folder))
         assert model.config.model_type == PRESETS[name][0]
-        assert sum(p.numel() for p in model.parameters()) < 2_000_000
+        limit = 2_000_000 if name.startswith("tiny-") else 6_000_000  # small-llama: 4.8M
+        assert sum(p.numel() for p in model.parameters()) < limit
     tokenizer = load_tokenizer(materialize("tiny-llama"))
     text = tokenizer.apply_chat_template([{"role": "user", "content": "what is 27+15?"}], tokenize=False,
                                          add_generation_prompt=True)

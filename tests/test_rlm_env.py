@@ -168,7 +168,8 @@ def test_splits_are_disjoint_seeded_and_cycle():
     train, held_out = ENV.tasks("train", 35, 0), ENV.tasks("eval", 12, 3)
     base_id = lambda task: task.id.split("-r")[0]  # a repeat is `<id>-r<pass>`
     assert {base_id(t) for t in train} == {t.id for t in TASKS} - {base_id(t) for t in held_out}
-    assert {t.info["family"] for t in held_out} == set(FAMILIES) and len({base_id(t) for t in held_out}) == len(FAMILIES)
+    assert {t.info["family"] for t in held_out} == set(FAMILIES)
+    assert len({base_id(t) for t in held_out}) == len(FAMILIES)
     assert len({t.id for t in held_out}) == 12
     assert [t.id for t in held_out] == [t.id for t in ENV.tasks("eval", 12, 3)] != [t.id for t in ENV.tasks("eval", 12, 4)]
     with pytest.raises(ValueError, match="unknown split"):

@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 
 RATES = ("accuracy", "format_rate", "doom_loop_rate")  # plotted: all in [0, 1]
-TABLE_COLUMNS = ("accuracy", "accuracy_se", "paired_gain", "paired_se", "sampled_accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens",
-                 "mean_turns", "n")
+TABLE_COLUMNS = ("accuracy", "accuracy_se", "paired_gain", "paired_se", "sampled_accuracy", "format_rate",
+                 "doom_loop_rate", "mean_completion_tokens", "mean_turns", "n")
 
 
 def write_eval_report(metrics: dict[str, dict[str, dict]], checkpoints: dict[str, str], out_dir: Path,

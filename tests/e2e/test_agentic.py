@@ -1,6 +1,6 @@
 """End-to-end: the agentic pipeline's shape (agentic.yaml) on tiny settings through the real CLI:
-oracle warm-ups (terminal's and openclaw's tasks from the generated families) -> multi-dataset SFT -> whole-episode generation
-(through the rollouts contract's mask checks) -> StepPO over the five envs with CoD credit ->
+oracle warm-ups (terminal's and openclaw's tasks from the generated families) -> multi-dataset SFT ->
+whole-episode generation (through the rollouts contract's mask checks) -> StepPO over the five envs with CoD credit ->
 per-env evaluation. (Preference on episodes: tests/test_multi_turn_data.py; a 4-step SFT model
 ties every group, so it would have no pairs here.)"""
 
