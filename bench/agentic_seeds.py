@@ -23,22 +23,20 @@ from pathlib import Path
 import yaml
 
 from bench.common import RESULTS_DIR, go_offline, make_result, write_result
-from bench.rl_seeds import run_spec
+from bench import rl_seeds
+from bench.rl_seeds import EVAL_ID, run_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-EVAL_ID = "seeds-eval"
 
 
 def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
-    """The spec with one rl stage per seed and one evaluation of every checkpoint against the rl input."""
-    stages = [s for s in spec["stages"] if s["kind"] != "evaluate"]
-    rl = next(s for s in stages if s["kind"] == "rl")
-    copies = [{**rl, "id": f"{rl['id']}-seed{seed}", "seed": seed} for seed in range(1, seeds)]
-    rl_ids = [rl["id"], *(copy["id"] for copy in copies)]
+    """rl_seeds' spec (one rl stage per seed, one evaluation), its evaluation over the spec's own
+    checkpoints before RL and every seed, against the rl input."""
+    seeded, rl_ids, input_id = rl_seeds.seeded_spec(spec, seeds)
     evaluate = next(s for s in spec["stages"] if s["kind"] == "evaluate")
     upstream = [c for c in evaluate["checkpoints"] if c not in rl_ids]
-    evaluate = {**evaluate, "id": EVAL_ID, "checkpoints": [*upstream, *rl_ids], "baseline": rl["policy"]}
-    return {**spec, "stages": [*stages, *copies, evaluate]}, rl_ids, rl["policy"]
+    seeded["stages"][-1] = {**seeded["stages"][-1], "checkpoints": [*upstream, *rl_ids], "baseline": input_id}
+    return seeded, rl_ids, input_id
 
 
 def env_keys(spec: dict, env_ids: list[str]) -> dict[str, str]:

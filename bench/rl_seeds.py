@@ -24,6 +24,7 @@ import yaml
 from bench.common import RESULTS_DIR, go_offline, make_result, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
+EVAL_ID = "seeds-eval"
 
 
 def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
@@ -33,7 +34,7 @@ def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
     copies = [{**rl, "id": f"{rl['id']}-seed{seed}", "seed": seed} for seed in range(1, seeds)]
     evaluate = next(s for s in spec["stages"] if s["kind"] == "evaluate")
     rl_ids = [rl["id"], *(c["id"] for c in copies)]
-    evaluate = {**evaluate, "id": "seeds-eval", "checkpoints": [rl["policy"], *rl_ids]}
+    evaluate = {**evaluate, "id": EVAL_ID, "checkpoints": [rl["policy"], *rl_ids]}
     return {**spec, "stages": [*stages, *copies, evaluate]}, rl_ids, rl["policy"]
 
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     spec, rl_ids, input_id = seeded_spec(yaml.safe_load(Path(args.spec).read_text()), args.seeds)
     summary = run_spec(spec, args.store)
-    evaluation = next(s for s in summary["stages"] if s["id"] == "seeds-eval")["metrics"]
+    evaluation = next(s for s in summary["stages"] if s["id"] == EVAL_ID)["metrics"]
     env = next(iter(evaluation[input_id]))
     before = evaluation[input_id][env]
     per_seed = {rl_id: evaluation[rl_id][env] for rl_id in rl_ids}
