@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
-from prefect.runtime import deployment
+from prefect.runtime import deployment, flow_run
+from prefect.states import Completed
 
 from artifacts.allow_list import StoreNotAllowed, allowed_entries, check_allowed
 from artifacts.refs import BadRef, Ref
@@ -26,10 +27,14 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
 from flows.spec_data import env_inputs
 from flows.stage_requests import new_run_id, stage_request
+from flows.triggers import first_run_of_event
 from tasks.request import StageRequest
 from tasks.runtime.launch import warm_up
 from tasks.runtime.runner import run_stage, stage_task_options
 from tasks.stages.evaluate import EvaluateStage
+
+
+DUPLICATE_DELIVERY = "a second delivery of event"
 
 
 class EvaluationInputError(Exception):
@@ -126,14 +131,21 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
 
 @flow(name="evaluate")
 def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None = None,
-             envs: list[str] | None = None, n: int | None = None, max_new_tokens: int | None = None) -> dict:
+             envs: list[str] | None = None, n: int | None = None, max_new_tokens: int | None = None,
+             event_id: str | None = None):
     """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics}.
 
     `storage_options` may come as JSON text (how a trigger's template renders the event's dict).
     A run of a deployment opens only a store POSTTRAIN_ALLOWED_STORES allows where it runs
     (artifacts.allow_list): an event names the store, and whoever posts events is not trusted.
+    `event_id` (from the trigger): a second run for the same event completes at once, evaluating
+    nothing, with a message naming the run that evaluates.
     """
     logger = get_run_logger()
+    if event_id and deployment.id is not None:
+        first = first_run_of_event(flow_run.id, event_id)
+        if str(first.id) != str(flow_run.id):
+            return Completed(message=f"{DUPLICATE_DELIVERY} {event_id}: flow run {first.name} evaluates it")
     warm_up()
     if isinstance(storage_options, str):
         storage_options = json.loads(storage_options or "{}")

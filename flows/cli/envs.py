@@ -24,7 +24,7 @@ def env_config(kind: str, tasks: str | None, spec, generated: int | None = None)
             raise EnvInputError("--generated: give it alone (not with --spec or --tasks)")
         if not 1 <= generated <= 1000:
             raise EnvInputError(f"--generated: {generated} variants per split; give 1 to 1000")
-        if kind not in ENV_KINDS or "generated" not in ENV_CONFIG.validate_python({"kind": kind}).model_fields:
+        if kind not in ENV_KINDS or "generated" not in type(ENV_CONFIG.validate_python({"kind": kind})).model_fields:
             raise EnvInputError(f"--generated: {kind!r} has no generated families (terminal and openclaw have)")
         return ENV_CONFIG.validate_python({"kind": kind, "generated": {"train": generated, "eval": generated}})
     if spec is not None:

@@ -2,8 +2,9 @@
 
 1. `posttrain serve` serves the evaluate-on-checkpoint trigger; a pipeline run with
    `evaluation.on_new_checkpoint` makes three checkpoints (two promoted in-stage, one final):
-   exactly one evaluation flow run completes per checkpoint, each with its results in the
-   store, and the leaderboard artifact lists all three.
+   exactly one evaluation flow run evaluates each checkpoint, with its results in the store
+   (a second delivery of an event completes without evaluating), and the leaderboard artifact
+   lists all three.
 2. deployments/prefect.yaml deployed with `prefect deploy` onto a process pool; a real
    `prefect worker` runs the pipeline's stages (spec `workers.deployment`), two independent ones
    at once (`max_parallel_stages: 2`), and the triggered evaluation.
@@ -19,12 +20,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import POSTTRAIN, ROOT
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
                                 stop_when_idle, wait_until)
+from flows.evaluate import DUPLICATE_DELIVERY
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
 SIDE = {"id": "side", "kind": "synthesize", "env": "arith", "n": 64}  # a stage nothing else reads
@@ -50,6 +53,19 @@ def completed(api: str, flow_name: str) -> list[dict]:
 
 def failed(api: str, flow_name: str) -> list[dict]:
     return [run for run in flow_runs(api, flow_name) if run["state_type"] in ("FAILED", "CRASHED")]
+
+
+def redeliver(api: str, run: dict) -> str:
+    """A second run of the evaluate deployment for the event of `run`, as a second delivery of
+    that event would start it; its id."""
+    response = httpx.post(f"{api}/deployments/{run['deployment_id']}/create_flow_run",
+                          json={"parameters": run["parameters"]}, timeout=10)
+    response.raise_for_status()
+    return response.json()["id"]
+
+
+def state_of(api: str, run_id: str) -> dict:
+    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]
 
 
 def forge_checkpoint_event(server: dict, checkpoint: str, store: Path, elsewhere: Path) -> Path:
@@ -98,9 +114,14 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
             sft = by_id(summary(tmp_path / "run.json"))["sft"]
             checkpoints = {sft["outputs"]["checkpoint"], *sft["metrics"]["promoted_checkpoints"]}
             assert len(checkpoints) == 3
-            wait_until(lambda: len(completed(api, "evaluate")) >= 3, 600,
-                       lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
-                               f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+            wait_until(lambda: {r["parameters"]["checkpoint_ref"] for r in completed(api, "evaluate")} == checkpoints,
+                       600, lambda: f"evaluations: {[(r['name'], r['state_type']) for r in flow_runs(api, 'evaluate')]}"
+                                    f"\n{(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
+            first = next(r for r in completed(api, "evaluate")
+                         if r["parameters"]["checkpoint_ref"] == sft["outputs"]["checkpoint"])
+            redelivered = redeliver(api, first)
+            wait_until(lambda: state_of(api, redelivered)["type"] == "COMPLETED", 300,
+                       lambda: f"redelivered event: {(tmp_path / 'serve.log').read_text()[-4000:]}", interval=3)
             forged = forge_checkpoint_event(server, sft["outputs"]["checkpoint"], store, tmp_path / "elsewhere")
             copied = sorted(forged.rglob("*"))
             wait_until(lambda: failed(api, "evaluate"), 300,
@@ -118,7 +139,11 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
         assert {(e["payload"]["store"], e["payload"]["pipeline"], e["payload"]["stage"]) for e in created} == \
             {(f"file://{store}", "tiny", "sft"), (f"file://{forged}", "tiny", "sft")}
         assert sorted(e["payload"]["step"] or 0 for e in created) == [0, 0, 4, 8]
-        runs = [run for run in flow_runs(api, "evaluate") if run["id"] != refused["id"]]
+        # a second delivery of an event (Prefect delivers at least once) completes without evaluating
+        assert state_of(api, redelivered)["message"] == \
+            f"{DUPLICATE_DELIVERY} {first['parameters']['event_id']}: flow run {first['name']} evaluates it"
+        runs = [run for run in flow_runs(api, "evaluate") if run["id"] != refused["id"]
+                and not (run["state"]["message"] or "").startswith(DUPLICATE_DELIVERY)]
         assert sorted(r["parameters"]["checkpoint_ref"] for r in runs) == sorted(checkpoints), \
             (tmp_path / "serve.log").read_text()[-4000:]
         assert all(r["state_type"] == "COMPLETED" for r in runs), [(r["name"], r["state_name"]) for r in runs]
