@@ -52,7 +52,8 @@ def collect(spec: dict, metrics: dict, rl_ids: list[str], input_id: str) -> tupl
     """(envs, cod_by_position) of the results file from the evaluation's metrics."""
     envs, positions = {}, {}
     evaluated = list(metrics[input_id])
-    upstream = [checkpoint for checkpoint in metrics if checkpoint not in rl_ids]  # sft, align: trained once
+    evaluate = next(stage for stage in spec["stages"] if stage["id"] == EVAL_ID)
+    upstream = [c for c in evaluate["checkpoints"] if c not in rl_ids]  # sft, align (in that order): trained once
     for env_id, key in env_keys(spec, evaluated).items():
         row = {"n": metrics[input_id][env_id]["n"]}
         for checkpoint in upstream:
