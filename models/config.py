@@ -22,7 +22,7 @@ class ModelConfig(BaseModel):
     base: str = "tiny-llama"  # a preset name, a local folder or a hub id
     lora: LoraConfig | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    threads: int | None = Field(None, gt=0)  # torch CPU threads; all cores when unset
+    threads: int | None = Field(None, gt=0)  # torch CPU threads; unset: the cores, shared by parallel stages
     # where every model of a stage runs: auto = cuda:<local rank> when the stage holds GPUs
     # (`gpus: N`) and CUDA is present, else the CPU (models/loading.py, stage_device)
     device: Literal["auto", "cpu"] = "auto"

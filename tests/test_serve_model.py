@@ -182,8 +182,12 @@ def test_greedy_accuracy_through_the_endpoint_equals_in_process(base_url):
     remote = roll_out(EndpointPolicy(base_url, NAME, tokenizer), tokenizer, ARITH, tasks, params)
     assert [t.text for t in remote] == [t.text for t in local]
     assert [t.turns[0].action_ids for t in remote] == [t.turns[0].action_ids for t in local]
-    accuracy = [sum(ARITH.is_correct(t.text, t.task) for t in run) / len(tasks) for run in (local, remote)]
-    assert accuracy[0] == accuracy[1] > 0
+    scores = [[(ARITH.is_correct(t.text, t.task), ARITH.is_formatted(t.text, t.task)) for t in run]
+              for run in (local, remote)]
+    assert scores[0] == scores[1]
+    # real answers were scored: in format (how many are right after this short SFT differs between
+    # machines, whose float results differ: 4 of 40 on one, none on another)
+    assert any(formatted for _, formatted in scores[0])
 
 
 def read_line(process: subprocess.Popen, timeout: float) -> str:
