@@ -12,10 +12,38 @@ for key, value in {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "PREFECT_SERVER_A
                    # a loaded 2-core machine can take longer than Prefect's 20 s to start its temporary server
                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
     os.environ[key] = value
-os.environ.setdefault("PREFECT_HOME", str(ROOT / ".posttrain" / "test-prefect-home"))
+# `make test` runs two pytest-xdist workers: each its own Prefect home (the temporary API's sqlite)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".posttrain" / f"test-prefect-home{'-' + WORKER if WORKER else ''}"))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect's sqlite needs the folder
 os.environ.pop("PREFECT_API_URL", None)
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+
+
+def share_the_cores() -> None:
+    """Under xdist, each worker (and every process it starts) keeps to its own share of the cores:
+    torch sizes its thread pool to the cores a process may use (as does flows.post_train.shared_threads),
+    and two workers each spinning threads on all cores run several times slower than one on each."""
+    if not WORKER:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    workers, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(WORKER.removeprefix("gw"))
+    if len(cores) >= workers:
+        os.sched_setaffinity(0, cores[index::workers])
+
+
+share_the_cores()
+
+# Tests that read one session fixture run on one worker (so it is built once); the others go by
+# module, so module fixtures are built once too (`--dist loadgroup`).
+ONE_WORKER_FOR = {"base_url": "served-model", "s3_run": "s3-run"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        shared = [group for fixture, group in ONE_WORKER_FOR.items() if fixture in item.fixturenames]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.module.__name__))
 
 
 def free_port() -> int:

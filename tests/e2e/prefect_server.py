@@ -43,6 +43,18 @@ def prefect_server(home: Path, ui: bool = False):
         log.close()
 
 
+RETRIED = {429, 502, 503}  # what Prefect's own client retries: a busy server (sqlite locked) answers 503
+
+
+def rest(method: str, url: str, *, json=None, timeout: float = 10, attempts: int = 6) -> httpx.Response:
+    """One REST call to a Prefect server, retried with back-off where Prefect's client would."""
+    for attempt in range(attempts):
+        response = httpx.request(method, url, json=json, timeout=timeout)
+        if response.status_code not in RETRIED or attempt == attempts - 1:
+            return response
+        time.sleep(0.5 * 2 ** attempt)
+
+
 def answers(url: str) -> bool:
     """Whether `url` answers 200 (a server is up)."""
     try:
@@ -63,25 +75,25 @@ def wait_until(condition, timeout: float, message, interval: float = 1.0):
 
 def flow_runs(api: str, flow_name: str) -> list[dict]:
     body = {"flows": {"name": {"any_": [flow_name]}}, "limit": 200}
-    return httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json()
+    return rest("POST", f"{api}/flow_runs/filter", json=body).json()
 
 
 def deployment(api: str, flow_name: str, name: str) -> dict | None:
-    response = httpx.get(f"{api}/deployments/name/{flow_name}/{name}", timeout=10)
+    response = rest("GET", f"{api}/deployments/name/{flow_name}/{name}")
     return response.json() if response.status_code == 200 else None
 
 
 def events(api: str, name: str) -> list[dict]:
     body = {"filter": {"event": {"name": [name]}, "occurred": {"since": "2000-01-01T00:00:00Z"}}, "limit": 50}
-    return httpx.post(f"{api}/events/filter", json=body, timeout=10).json()["events"]
+    return rest("POST", f"{api}/events/filter", json=body).json()["events"]
 
 
 def automations(api: str) -> list[dict]:
-    return httpx.post(f"{api}/automations/filter", json={}, timeout=10).json()
+    return rest("POST", f"{api}/automations/filter", json={}).json()
 
 
 def latest_artifact(api: str, key: str) -> dict | None:
-    response = httpx.get(f"{api}/artifacts/{key}/latest", timeout=10)
+    response = rest("GET", f"{api}/artifacts/{key}/latest")
     return response.json() if response.status_code == 200 else None
 
 

@@ -7,29 +7,29 @@ import shutil
 import time
 
 import pandas as pd
-import httpx
 from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
 from tests.e2e.helpers import by_id, concurrently, kill_once, posttrain, start, summary, tiny_spec, write
+from tests.e2e.prefect_server import rest
 
 
 def task_run_ids(run_id: str, stage_id: str) -> list[str]:
     """The ids of stage `stage_id`'s task runs in pipeline run `run_id`, from the Prefect API."""
     api = os.environ["PREFECT_API_URL"]
-    [flow_run] = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
+    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
     body = {"flow_runs": {"id": {"any_": [flow_run["id"]]}}, "task_runs": {"name": {"any_": [stage_id]}}}
-    return [run["id"] for run in httpx.post(f"{api}/task_runs/filter", json=body).json()]
+    return [run["id"] for run in rest("POST", f"{api}/task_runs/filter", json=body).json()]
 
 
 def task_run_logs(run_id: str, stage_id: str) -> list[str]:
     body = {"logs": {"task_run_id": {"any_": task_run_ids(run_id, stage_id)}}, "limit": 200}
-    return [log["message"] for log in httpx.post(f"{os.environ['PREFECT_API_URL']}/logs/filter", json=body).json()]
+    return [log["message"] for log in rest("POST", f"{os.environ['PREFECT_API_URL']}/logs/filter", json=body).json()]
 
 
 def progress_artifacts(run_id: str, stage_id: str) -> list[dict]:
     body = {"artifacts": {"type": {"any_": ["progress"]}, "task_run_id": {"any_": task_run_ids(run_id, stage_id)}}}
-    return httpx.post(f"{os.environ['PREFECT_API_URL']}/artifacts/filter", json=body).json()
+    return rest("POST", f"{os.environ['PREFECT_API_URL']}/artifacts/filter", json=body).json()
 
 
 def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):

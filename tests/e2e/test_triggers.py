@@ -20,13 +20,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-import httpx
 import pytest
 
 from conftest import POSTTRAIN, ROOT
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
-                                stop_when_idle, wait_until)
+                                rest, stop_when_idle, wait_until)
 from flows.evaluate import DUPLICATE_DELIVERY
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
@@ -58,14 +57,14 @@ def failed(api: str, flow_name: str) -> list[dict]:
 def redeliver(api: str, run: dict) -> str:
     """A second run of the evaluate deployment for the event of `run`, as a second delivery of
     that event would start it; its id."""
-    response = httpx.post(f"{api}/deployments/{run['deployment_id']}/create_flow_run",
-                          json={"parameters": run["parameters"]}, timeout=10)
+    response = rest("POST", f"{api}/deployments/{run['deployment_id']}/create_flow_run",
+                    json={"parameters": run["parameters"]})
     response.raise_for_status()
     return response.json()["id"]
 
 
 def state_of(api: str, run_id: str) -> dict:
-    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]
+    return rest("GET", f"{api}/flow_runs/{run_id}").json()["state"]
 
 
 def forge_checkpoint_event(server: dict, checkpoint: str, store: Path, elsewhere: Path) -> Path:
