@@ -39,6 +39,11 @@ __all__ = ["AGENT", "AGENT_FILES", "GRADER", "INSTALL_HINT", "Result", "Sandbox"
            "SandboxUnavailable", "launch"]
 
 SANDBOX_UIDS = itertools.count(0)
+# One bwrap launch at a time in a process (the rollout loop starts episodes on several threads):
+# started at once from 4 threads, about one start in 200 failed with bwrap's "Can't find source path
+# <mount point>/work: Permission denied"; with the launch serialized, none in 1,200. What follows
+# the launch (the agent's start, the episode's files) still overlaps.
+LAUNCHING = threading.Lock()
 UID_BASE, UID_SPAN = 400_000, 50_000  # each sandbox its own uid, so process limits are its own
 HOST_GRACE_SECONDS = 10.0  # the agent enforces the wall clock; the host kills only a sandbox that stops answering
 START_SECONDS = 30.0  # a loaded machine can take a while to start bwrap and Python
@@ -69,6 +74,12 @@ class Sandbox:
         # as root each sandbox its own host uid; without root, this process's (in a user namespace of its own)
         own_uid = UID_BASE + (os.getpid() * 7919 + next(SANDBOX_UIDS)) % UID_SPAN
         self.uid = own_uid if privileged() else os.geteuid()
+        with LAUNCHING:
+            self._launch()
+        self._reader = os.fdopen(self._replies, "rb")
+        self._start(files or {})
+
+    def _launch(self) -> None:
         started = launch(self.limits, self.uid)
         self.cgroup = started.cgroup
         to_agent, self._requests = os.pipe()
@@ -90,8 +101,6 @@ class Sandbox:
             os.close(to_agent)
             os.close(from_agent)
             started.close_fds()
-        self._reader = os.fdopen(self._replies, "rb")
-        self._start(files or {})
 
     def run(self, command: str) -> Result:
         """A shell command in /work (a fresh `bash -c` each time)."""

@@ -87,3 +87,19 @@ def test_a_finish_that_fails_still_finishes_the_others_and_raises(tokenizer):
     with pytest.raises(RuntimeError, match=f"grading {tasks[0].id} failed"):
         play(env, tokenizer, tasks)
     assert sorted(env.finished) == sorted(task.id for task in tasks)
+
+
+def test_sandboxes_started_from_several_threads_all_start():
+    """Terminal episodes (a bwrap sandbox each) started and finished on the rollout loop's threads:
+    before envs/sandbox.py serialized the launch, about one start in 200 failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envs.terminal import TerminalEnv, TerminalEnvConfig
+    from tasks.common.rollouts import finish_episodes, start_episodes
+
+    env = TerminalEnv(TerminalEnvConfig(kind="terminal", generated={"train": 20, "eval": 1}))
+    tasks = env.tasks("train", 200, 0)
+    with ThreadPoolExecutor(EPISODE_THREADS) as pool:
+        outcomes = finish_episodes(pool, start_episodes(pool, env, tasks, None))
+    assert len(outcomes) == len(tasks)
+    assert all(outcome["tests_passed"] == 0.0 for outcome in outcomes)  # nothing done: every task's tests fail
