@@ -28,7 +28,7 @@ from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
 from tasks.runtime.live import read_progress
-from tasks.runtime.runner import run_stage, stage_task_options
+from tasks.runtime.runner import STOPPING, run_stage, stage_task_options
 
 WATCH_SECONDS = 2.0  # how often the flow looks at the running stages' progress
 RESOURCE_KEYS = ("device", "peak_rss_gb", "peak_gpu_gb")  # a stage's result's say on where and how big it ran
@@ -76,7 +76,11 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
                "code_version": code_version(), "state": "running", "started": now_iso(), "stages": [],
                "not_run": [], "evaluations": []}
     began = time.monotonic()
-    PipelineRun(pipeline, artifact_store, summary, spec_hash, inline_evaluation).run()
+    try:
+        PipelineRun(pipeline, artifact_store, summary, spec_hash, inline_evaluation).run()
+    except BaseException:  # SIGTERM (Prefect's TerminationSignal) or Ctrl-C while stages run
+        STOPPING.set()  # their children are killed now, so the flow's thread pool can end
+        raise
     failed = [s["id"] for s in summary["stages"] if s["state"] == "failed"]
     summary.update(state="failed" if failed else "completed", finished=now_iso(),
                    seconds=round(time.monotonic() - began, 3))

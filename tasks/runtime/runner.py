@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,10 @@ from tasks.runtime.launch import ACCELERATE_CONFIG, start_child
 from tasks.runtime.live import LiveProgress, LiveReport
 
 ANNOUNCE_POLL_SECONDS = 0.5
+# Set when the run is stopping (its flow got SIGTERM or Ctrl-C, flows/post_train.py): every running
+# stage's child is killed at its next poll, and no stage starts or retries. Without it, the flow's
+# thread pool would wait for the stages to end on their own before the process could exit.
+STOPPING = threading.Event()
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -58,7 +63,7 @@ class ContractFailed(StageFailed):
 
 
 def retry_unless_contract_failed(task, task_run, state) -> bool:
-    return not isinstance(state.data, ContractFailed)
+    return not isinstance(state.data, ContractFailed) and not STOPPING.is_set()
 
 
 class ChildMessages:
@@ -120,12 +125,16 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
         request_path.write_text(request.model_dump_json())
         if request.accelerate_config is not None:
             (Path(tmp) / ACCELERATE_CONFIG).write_text(request.accelerate_config)
+        if STOPPING.is_set():
+            raise StageFailed(f"stage {stage_id!r} not started: the run is stopping")
         process = start_child(request.orchestration.gpus, request_path, result_path, child_env)
         deadline = time.monotonic() + timeout
         try:
             while process.poll() is None:
                 if time.monotonic() > deadline:
                     raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
+                if STOPPING.is_set():
+                    raise StageFailed(f"stage {stage_id!r} stopped: the run is stopping")
                 messages.drain()
                 time.sleep(ANNOUNCE_POLL_SECONDS)
         finally:

@@ -4,14 +4,16 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 
 import pandas as pd
 from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
+from tasks.runtime.processes import alive
 from tests.e2e.helpers import by_id, concurrently, kill_once, posttrain, start, summary, tiny_spec, write
-from tests.e2e.prefect_server import rest
+from tests.e2e.prefect_server import children, rest
 
 
 def task_run_ids(run_id: str, stage_id: str) -> list[str]:
@@ -132,6 +134,42 @@ def test_sigkill_during_sft_then_rerun_resumes_mid_stage(tmp_path):
     assert resumed_from >= 10 and resumed_from % 10 == 0
     assert f"resuming from in-stage checkpoint at step {resumed_from}/{MAX_STEPS}" in rerun.stdout
     assert not list(store.glob("scratch/*"))  # in-stage checkpoints are dropped once committed
+
+
+def descendants(pid: int) -> set[int]:
+    found, parents = set(), [pid]
+    while parents:
+        kids = children(parents.pop())
+        found.update(kids)
+        parents += kids
+    return found
+
+
+def test_sigterm_stops_the_run_its_stage_and_every_process_of_it(tmp_path):
+    """What an orchestrator (Kubernetes, systemd) sends to stop a run: SIGTERM, to the CLI alone.
+    The running stage's child is killed, the CLI exits at once and leaves no process behind, and
+    its flow run ends Crashed instead of showing Running."""
+    store = tmp_path / "store"
+    pipeline = tiny_spec(f"file://{store}", sft={"max_steps": 100000, "checkpoint_every": 10})
+    pipeline["stages"] = pipeline["stages"][:2]
+    run = start("run", write(tmp_path, pipeline))
+    deadline = time.monotonic() + 300
+    while not list(store.glob("scratch/*/step-*/DONE")):  # sft is running
+        assert run.poll() is None and time.monotonic() < deadline, "sft never checkpointed"
+        time.sleep(0.2)
+    processes = descendants(run.pid)
+    os.kill(run.pid, signal.SIGTERM)
+    began = time.monotonic()
+    printed = run.communicate(timeout=120)[0]
+    assert time.monotonic() - began < 60, printed[-3000:]
+    assert run.returncode != 0
+    time.sleep(2)
+    assert not [pid for pid in processes if alive(pid)], printed[-3000:]  # the stage, the fork server, the API: gone
+    run_id = re.search(r"^run (\S+)", printed, re.M).group(1)
+    api = os.environ["PREFECT_API_URL"]
+    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
+    assert flow_run["state_type"] == "CRASHED", flow_run["state"]
+    assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json"))
 
 
 def test_timeout_stops_the_stage_and_everything_downstream(tmp_path):
