@@ -58,7 +58,7 @@ run: setup
 PACKAGES := artifacts bench data_contracts envs flows models tasks
 
 # Two pytest-xdist workers, each on its own core (tests/conftest.py): much of the suite waits on
-# servers and subprocesses, so on 2 cores the suite took 17 minutes on two workers and 28 on one.
+# servers and subprocesses, so on 2 cores the suite took 14½ minutes on two workers and 28 on one.
 TEST_WORKERS ?= 2
 
 test: setup browser-tools
