@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -76,10 +77,11 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
                "code_version": code_version(), "state": "running", "started": now_iso(), "stages": [],
                "not_run": [], "evaluations": []}
     began = time.monotonic()
+    STOPPING.clear()  # a run started again in the same process (a notebook after Ctrl-C) runs
     try:
         PipelineRun(pipeline, artifact_store, summary, spec_hash, inline_evaluation).run()
-    except BaseException:  # SIGTERM (Prefect's TerminationSignal) or Ctrl-C while stages run
-        STOPPING.set()  # their children are killed now, so the flow's thread pool can end
+    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or SIGTERM as Prefect raises it
+        STOPPING.set()  # the stages' children are killed now, so the flow's thread pool can end
         raise
     failed = [s["id"] for s in summary["stages"] if s["state"] == "failed"]
     summary.update(state="failed" if failed else "completed", finished=now_iso(),
