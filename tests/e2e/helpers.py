@@ -79,13 +79,18 @@ def by_id(run_summary: dict) -> dict:
     return {stage["id"]: stage for stage in run_summary["stages"]}
 
 
-def kill_once(process: subprocess.Popen, ready, timeout: float, why_not: str) -> None:
-    """SIGKILL a `start`ed run (its whole process group) as soon as `ready()` holds."""
+def wait_while_running(process: subprocess.Popen, ready, timeout: float, why_not: str) -> None:
+    """Until `ready()` holds, failing if the `start`ed process ends first or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert process.poll() is None, process.stdout.read()[-3000:]
         assert time.monotonic() < deadline, why_not
         time.sleep(0.2)
+
+
+def kill_once(process: subprocess.Popen, ready, timeout: float, why_not: str) -> None:
+    """SIGKILL a `start`ed run (its whole process group) as soon as `ready()` holds."""
+    wait_while_running(process, ready, timeout, why_not)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     time.sleep(1)

@@ -110,6 +110,22 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, theirs, ...)."""
+    found, parents = set(), [pid]
+    while parents:
+        kids = children(parents.pop())
+        found.update(kids)
+        parents += kids
+    return found
+
+
+def flow_run_named(api: str, name: str) -> dict:
+    """The one flow run called `name` (a pipeline run's id)."""
+    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [name]}}}).json()
+    return flow_run
+
+
 def stop_when_idle(process: subprocess.Popen, timeout: float = 60) -> str:
     """Stop a runner or worker once its flow-run processes have exited (or after `timeout`). A
     flow run reports Completed before its process exits, and a runner stopped in between

@@ -12,15 +12,15 @@ from transformers import AutoModelForCausalLM
 
 from artifacts.store import Store
 from tasks.runtime.processes import alive
-from tests.e2e.helpers import by_id, concurrently, kill_once, posttrain, start, summary, tiny_spec, write
-from tests.e2e.prefect_server import children, rest
+from tests.e2e.helpers import (by_id, concurrently, kill_once, posttrain, start, summary, tiny_spec,
+                               wait_while_running, write)
+from tests.e2e.prefect_server import descendants, flow_run_named, rest
 
 
 def task_run_ids(run_id: str, stage_id: str) -> list[str]:
     """The ids of stage `stage_id`'s task runs in pipeline run `run_id`, from the Prefect API."""
     api = os.environ["PREFECT_API_URL"]
-    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
-    body = {"flow_runs": {"id": {"any_": [flow_run["id"]]}}, "task_runs": {"name": {"any_": [stage_id]}}}
+    body = {"flow_runs": {"id": {"any_": [flow_run_named(api, run_id)["id"]]}}, "task_runs": {"name": {"any_": [stage_id]}}}
     return [run["id"] for run in rest("POST", f"{api}/task_runs/filter", json=body).json()]
 
 
@@ -136,15 +136,6 @@ def test_sigkill_during_sft_then_rerun_resumes_mid_stage(tmp_path):
     assert not list(store.glob("scratch/*"))  # in-stage checkpoints are dropped once committed
 
 
-def descendants(pid: int) -> set[int]:
-    found, parents = set(), [pid]
-    while parents:
-        kids = children(parents.pop())
-        found.update(kids)
-        parents += kids
-    return found
-
-
 def test_sigterm_stops_the_run_its_stage_and_every_process_of_it(tmp_path):
     """What an orchestrator (Kubernetes, systemd) sends to stop a run: SIGTERM, to the CLI alone.
     The running stage's child is killed, the CLI exits at once and leaves no process behind, and
@@ -153,10 +144,7 @@ def test_sigterm_stops_the_run_its_stage_and_every_process_of_it(tmp_path):
     pipeline = tiny_spec(f"file://{store}", sft={"max_steps": 100000, "checkpoint_every": 10})
     pipeline["stages"] = pipeline["stages"][:2]
     run = start("run", write(tmp_path, pipeline))
-    deadline = time.monotonic() + 300
-    while not list(store.glob("scratch/*/step-*/DONE")):  # sft is running
-        assert run.poll() is None and time.monotonic() < deadline, "sft never checkpointed"
-        time.sleep(0.2)
+    wait_while_running(run, lambda: list(store.glob("scratch/*/step-*/DONE")), 300, "sft never checkpointed")
     processes = descendants(run.pid)
     os.kill(run.pid, signal.SIGTERM)
     began = time.monotonic()
@@ -166,8 +154,7 @@ def test_sigterm_stops_the_run_its_stage_and_every_process_of_it(tmp_path):
     time.sleep(2)
     assert not [pid for pid in processes if alive(pid)], printed[-3000:]  # the stage, the fork server, the API: gone
     run_id = re.search(r"^run (\S+)", printed, re.M).group(1)
-    api = os.environ["PREFECT_API_URL"]
-    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
+    flow_run = flow_run_named(os.environ["PREFECT_API_URL"], run_id)
     assert flow_run["state_type"] == "CRASHED", flow_run["state"]
     assert not list(store.glob("artifacts/tiny/sft/*/MANIFEST.json"))
 

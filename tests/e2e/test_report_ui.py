@@ -11,15 +11,14 @@ import os
 from conftest import ROOT
 from tests.e2e.browser import browser_paths, chromium, loaded_data_images, screenshot
 from tests.e2e.helpers import by_id
-from tests.e2e.prefect_server import rest
+from tests.e2e.prefect_server import flow_run_named, rest
 
 OUTPUT = ROOT / "tests" / "output" / "test_report_ui"
 
 
 def report_artifacts(api: str, run_id: str, key: str) -> list[dict]:
     """The versions of report artifact `key` made in pipeline run `run_id`, oldest first."""
-    [flow_run] = rest("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_id]}}}).json()
-    body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run["id"]]}}}
+    body = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_named(api, run_id)["id"]]}}}
     response = rest("POST", f"{api}/artifacts/filter", json=body)
     response.raise_for_status()
     return sorted(response.json(), key=lambda artifact: artifact["created"])
