@@ -51,8 +51,8 @@ def env_keys(spec: dict, env_ids: list[str]) -> dict[str, str]:
 def collect(spec: dict, metrics: dict, rl_ids: list[str], input_id: str) -> tuple[dict, dict]:
     """(envs, cod_by_position) of the results file from the evaluation's metrics."""
     envs, positions = {}, {}
-    evaluated = list(metrics[input_id])
     evaluate = next(stage for stage in spec["stages"] if stage["id"] == EVAL_ID)
+    evaluated = [env_id for env_id in evaluate["envs"] if env_id in metrics[input_id]]  # the spec's order
     upstream = [c for c in evaluate["checkpoints"] if c not in rl_ids]  # sft, align (in that order): trained once
     for env_id, key in env_keys(spec, evaluated).items():
         row = {"n": metrics[input_id][env_id]["n"]}

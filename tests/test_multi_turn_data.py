@@ -87,3 +87,19 @@ def test_episodes_out_of_turns_are_reported_over():
                             on_finished=over.append)
     assert not any(t.finished for t in trajectories)
     assert over == [0] * ENV.max_turns + [3]
+
+
+def test_stages_that_split_one_draw_play_distinct_tasks_in_the_same_order():
+    from envs.terminal import TerminalEnv, TerminalEnvConfig
+    from tasks.stages.synthesize import SynthesizeStage, drawn_tasks
+
+    env = TerminalEnv(TerminalEnvConfig(kind="terminal", generated={"train": 20, "eval": 2}))
+
+    def ids(**fields) -> list[str]:
+        stage = SynthesizeStage(id="warm", kind="synthesize", env="term", **fields)
+        return [task.id for task in drawn_tasks(env, stage)]
+
+    whole, first, second = ids(n=120), ids(n=60), ids(n=60, skip=60)
+    assert first + second == whole
+    assert len(set(whole)) == 120
+    assert ids(n=60, seed=1) != first

@@ -41,6 +41,9 @@ class SynthesizeStage(StageBase):
     n: int = Field(gt=0)
     teacher: Literal["oracle"] | EndpointTeacher = "oracle"  # the env's programmatic oracle, or a model
     seed: int = 0
+    # leave out the first `skip` tasks of the seed's order: stages that share a seed and split one
+    # draw between them (`skip: 0, n: 3000` and `skip: 3000, n: 3000`) play distinct tasks side by side
+    skip: int = Field(0, ge=0)
 
     @field_validator("teacher", mode="before")
     @classmethod
@@ -158,9 +161,14 @@ def teacher_name(teacher: Teacher) -> str:
     return teacher.describe() if isinstance(teacher, EndpointTeacher) else teacher
 
 
+def drawn_tasks(env, stage: SynthesizeStage) -> list[Task]:
+    """The stage's `n` train tasks: the seed's order from task `skip` on."""
+    return env.tasks("train", stage.skip + stage.n, stage.seed)[stage.skip:]
+
+
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
     env = ctx.env(stage.env)
-    tasks = env.tasks("train", stage.n, stage.seed)
+    tasks = drawn_tasks(env, stage)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base)
     progress = Progress(len(tasks), 0, ctx.stage_id, log_every=CHUNK,
