@@ -60,7 +60,7 @@ def test_agentic_seeds_writes_every_seed_against_the_rl_input_and_prints_the_tab
     result = agentic_seeds.main(["--spec", str(path), "--seeds", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == result and tuple(result)[:len(RESULT_KEYS)] == RESULT_KEYS
     assert list(result["envs"]) == ["cod", "arith"]  # the evaluation's order, whatever order its metrics come in
-    assert result["config"]["seeds"] == ["rl", "rl-seed1"]
+    assert result["config"]["seeds"] == ["rl", "rl-seed1"] and result["config"]["cached"] == []
     for row in result["envs"].values():
         assert row["n"] == 8 and set(row) == {"n", "sft", "rl", "paired_se", "paired_gain"}
         assert len(row["rl"]) == len(row["paired_se"]) == 2 and row["sft"][0] == row["sft"][1]
