@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
         config={"spec": Path(args.spec).name, "seeds": rl_ids, "baseline": input_id,
                 "stage_seconds": {stage_id: stage["seconds"] for stage_id, stage in stages.items()},
                 "total_seconds": round(sum(stage["seconds"] for stage in stages.values()), 1),
-                # stages the store already held (a run of the same spec and code): their time is not in the total
+                # stages the store already held (a run of the same spec and code): their seconds are a cache lookup
                 "cached": [stage_id for stage_id, stage in stages.items() if stage["state"] == "cached"],
                 "command": f"python -m bench.agentic_seeds --seeds {args.seeds}"
                            + (f" --store {args.store}" if args.store else "")})
