@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -24,7 +23,6 @@ from flows.spec import PipelineSpec, load_spec, parse_spec_text, stage_graph
 from flows.stage_flow import submit_stage
 from flows.stage_requests import new_run_id, stage_parameters, stage_request, state_error
 from flows.temporary_api import ephemeral
-from models.config import ModelConfig
 from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
@@ -102,15 +100,6 @@ def stages_to_start(graph: dict[str, list[str]], done: set[str], failed: set[str
     return ready[:max(0, limit - len(running))]
 
 
-def shared_threads(model: ModelConfig, cores: int, at_once: int) -> ModelConfig:
-    """The model settings a local stage's child runs with: `threads` as the spec sets it, or when
-    unset, this machine's `cores` shared among the `at_once` stages starting or running (two
-    children that each take every core slow each other several-fold)."""
-    if model.threads is not None or at_once <= 1:
-        return model
-    return model.model_copy(update={"threads": max(1, cores // at_once)})
-
-
 def stopped_by_failures(graph: dict[str, list[str]], failed: set[str]) -> list[str]:
     """The stages downstream of a failed one (directly or not), in the graph's (topological) order:
     they will never start."""
@@ -154,9 +143,8 @@ class PipelineRun:
             while True:
                 starting = stages_to_start(self.graph, set(self.output_of), self.failed, set(self.running),
                                            self.pipeline.max_parallel_stages)
-                at_once = len(self.running) + len(starting)
                 for stage_id in starting:
-                    self.running[stage_id] = self.start(stage_id, threads, at_once)
+                    self.running[stage_id] = self.start(stage_id, threads)
                 if not self.running:
                     return
                 ended = self.watch.until_one_ends(self.running)
@@ -164,14 +152,13 @@ class PipelineRun:
                 for stage_id in ended:
                     self.end(self.running.pop(stage_id), finished, ended_at)
 
-    def start(self, stage_id: str, threads: ThreadPoolExecutor, at_once: int) -> StageRun:
+    def start(self, stage_id: str, threads: ThreadPoolExecutor) -> StageRun:
         inputs = {target: self.output_of[target] for target in self.graph[stage_id]}
         # the store's location is normalised (an absolute local path): the child runs elsewhere
         request = stage_request(self.pipeline, self.pipeline.stage(stage_id), inputs,
                                 store=self.store.location, run_id=self.summary["run_id"], spec_hash=self.spec_hash)
-        if self.pipeline.workers is None:  # on this machine (a worker has its own cores)
-            model = shared_threads(request.model, len(os.sched_getaffinity(0)), at_once)
-            return start_task(request.model_copy(update={"model": model}))
+        if self.pipeline.workers is None:  # on this machine: its children share the cores (tasks/runtime/core_share.py)
+            return start_task(request)
         return start_on_worker(self.pipeline, request, self.store, threads)
 
     def end(self, stage_run: StageRun, finished: str, ended_at: float) -> None:

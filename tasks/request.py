@@ -49,6 +49,7 @@ class StageRequest(BaseModel):
     evaluate_new_checkpoints: bool = False  # the spec's evaluation.on_new_checkpoint (an event label)
     output_name: str | None = None  # the primary output's name; `<pipeline>/<stage id>` unless set
     announce_path: str | None = None  # set by the runner: where the child announces new checkpoints
+    core_share_path: str | None = None  # set by the runner: the child's share of the box's cores (a file)
     # what the orchestrator kept of the stage's outside data, by name (stage.sources()):
     # {"digest": ..., "files": n} for a copy under the store's sources/, {"hub": id, "revision": ...}
     sources: dict[str, dict] = {}

@@ -22,7 +22,7 @@ POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 
 def share_the_cores() -> None:
     """Under xdist, each worker (and every process it starts) keeps to its own share of the cores:
-    torch sizes its thread pool to the cores a process may use (as does flows.post_train.shared_threads),
+    torch sizes its thread pool to the cores a process may use (as does tasks/runtime/core_share.py),
     and two workers each spinning threads on all cores run several times slower than one on each."""
     if not WORKER:
         return

@@ -13,9 +13,8 @@ import yaml
 from artifacts.store import Store
 from flows.cli.main import main
 from flows.cli.report import print_stage_table
-from flows.post_train import StageRun, Watch, post_train, shared_threads, stages_to_start, stopped_by_failures
+from flows.post_train import StageRun, Watch, post_train, stages_to_start, stopped_by_failures
 from flows.spec import parse_spec, stage_graph
-from models.config import ModelConfig
 from tasks.runtime.live import progress_path
 
 # a -> b -> c, and x -> y beside it; d reads both branches
@@ -148,14 +147,3 @@ def test_status_shows_each_stages_device_and_peak_memory(capsys):
     assert lines[1] == ["sft", "sft", "completed", "12.0", "cuda:0", "2.0", "5.5", "t/sft@0123"]
     assert lines[2] == ["cpu-sft", "sft", "completed", "12.0", "cpu", "1.5", "-", "t/sft@0123"]
     assert lines[3] == ["old", "sft", "completed", "12.0", "-", "-", "-", "t/sft@0123"]
-
-
-def test_stages_at_once_share_the_cores_unless_the_spec_sets_threads():
-    """Two children that each take every core slow each other several-fold; `model.threads`,
-    when set, is what every stage gets."""
-    unset = ModelConfig()
-    assert shared_threads(unset, cores=2, at_once=1) is unset  # alone: torch's default, every core
-    assert shared_threads(unset, cores=2, at_once=2).threads == 1
-    assert shared_threads(unset, cores=16, at_once=3).threads == 5
-    assert shared_threads(unset, cores=2, at_once=4).threads == 1  # never below one
-    assert shared_threads(ModelConfig(threads=2), cores=2, at_once=2).threads == 2

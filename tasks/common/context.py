@@ -16,6 +16,7 @@ from models.config import ModelConfig
 from tasks.config import Defaults
 
 PROGRESS_SECONDS = 2.0  # how often a running stage tells the orchestrator its progress
+SHARE_SECONDS = 2.0  # how often a running stage rereads its share of the cores
 
 
 @dataclass
@@ -50,8 +51,11 @@ class StageContext:
     # the working folder of the process running the stage's task (the child runs in the project's):
     # where trackers keep local files
     orchestrator_cwd: Path = field(default_factory=Path.cwd)
+    # set by the runner: the file holding this child's share of the box's cores (tasks/runtime/core_share.py)
+    core_share_path: Path | None = None
     started: float = field(default_factory=time.monotonic)
     _told_progress: float = field(default=float("-inf"), repr=False)
+    _read_share: float = field(default=float("-inf"), repr=False)
 
     def __post_init__(self):
         self.output_name = self.output_name or f"{self.pipeline}/{self.stage_id}"
@@ -68,6 +72,7 @@ class StageContext:
         """A Progress update (tasks/common/progress.py) for the orchestrator: its line, when it is one
         a log keeps, to the task run's logs; {step, total, eta_seconds, metrics} for the run summary's
         `running` and a Prefect progress artifact, at most once every PROGRESS_SECONDS (and the last)."""
+        self.follow_core_share()
         if not self.is_main:
             return
         progress = dict(progress)
@@ -102,6 +107,22 @@ class StageContext:
         version of the key is what the UI shows; the committed report follows at the end)."""
         if self.is_main:
             self._tell({"report": markdown, "step": step})
+
+    def follow_core_share(self) -> None:
+        """Torch's threads to this child's current share of the cores, read at most every
+        SHARE_SECONDS; not when the spec sets `model.threads`, nor before the stage imported torch."""
+        torch = sys.modules.get("torch")
+        now = time.monotonic()
+        if self.core_share_path is None or self.model.threads is not None or torch is None \
+                or now - self._read_share < SHARE_SECONDS:
+            return
+        self._read_share = now
+        try:
+            threads = max(1, int(self.core_share_path.read_text()))
+        except (OSError, ValueError):  # the runner is gone or cleaning up: keep what we have
+            return
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def _tell(self, message: dict) -> None:
         """One JSON line to the orchestrator (tasks/runtime/runner.py reads them as they come)."""

@@ -81,6 +81,7 @@ def stage_context(request: StageRequest) -> StageContext:
                         envs=request.envs, inputs=request.inputs, workdir=workdir,
                         producer=request.producer.manifest_entry(), output_name=request.primary_name,
                         announce_path=Path(request.announce_path) if request.announce_path else None,
+                        core_share_path=Path(request.core_share_path) if request.core_share_path else None,
                         sources=request.sources, orchestration=request.orchestration,
                         filled={name: os.environ[name] for name in request.filled if name in os.environ},
                         orchestrator_cwd=Path(request.orchestrator_cwd or os.getcwd()))

@@ -22,6 +22,7 @@ from prefect.states import Completed
 from tasks.request import StageRequest
 from tasks.runtime.cache import cache_path, cached_result
 from tasks.runtime.claims import Claim, ClaimTimeout, claim_stage
+from tasks.runtime.core_share import CORE_SHARE
 from tasks.runtime.devices import GpuLease, GpusUnavailable, lease_gpus
 from tasks.runtime.events import emit_checkpoint_created
 from tasks.runtime.launch import ACCELERATE_CONFIG, start_child
@@ -121,32 +122,40 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
     with tempfile.TemporaryDirectory(prefix="posttrain-req-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
         messages = ChildMessages(Path(tmp) / "messages.jsonl", on_checkpoint, on_progress, on_report)
-        request = request.model_copy(update={"announce_path": str(messages.path), "orchestrator_cwd": str(Path.cwd())})
+        share_file = Path(tmp) / "core-share"
+        request = request.model_copy(update={"announce_path": str(messages.path), "core_share_path": str(share_file),
+                                             "orchestrator_cwd": str(Path.cwd())})
         request_path.write_text(request.model_dump_json())
         if request.accelerate_config is not None:
             (Path(tmp) / ACCELERATE_CONFIG).write_text(request.accelerate_config)
         if STOPPING.is_set():
             raise StageFailed(f"stage {stage_id!r} not started: the run is stopping")
-        process = start_child(request.orchestration.gpus, request_path, result_path, child_env)
-        deadline = time.monotonic() + timeout
-        try:
-            while process.poll() is None:
-                if time.monotonic() > deadline:
-                    raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
-                if STOPPING.is_set():
-                    raise StageFailed(f"stage {stage_id!r} stopped: the run is stopping")
-                messages.drain()
-                time.sleep(ANNOUNCE_POLL_SECONDS)
-        finally:
-            if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
-                process.kill()
-            messages.drain()
+        with CORE_SHARE.child(share_file):
+            process = start_child(request.orchestration.gpus, request_path, result_path, child_env)
+            wait_for_child(process, messages, stage_id, timeout)
         if not result_path.exists():
             raise StageFailed(f"stage {stage_id!r} died (exit code {process.poll()})")
         result = json.loads(result_path.read_text())
     if "error" in result:
         raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
     return {**result, "checkpoints": messages.refs}
+
+
+def wait_for_child(process, messages: ChildMessages, stage_id: str, timeout: float) -> None:
+    """Relay the child's messages until it exits; kill it at the stage's timeout or when the run stops."""
+    deadline = time.monotonic() + timeout
+    try:
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                raise StageFailed(f"stage {stage_id!r} timed out after {timeout:g}s")
+            if STOPPING.is_set():
+                raise StageFailed(f"stage {stage_id!r} stopped: the run is stopping")
+            messages.drain()
+            time.sleep(ANNOUNCE_POLL_SECONDS)
+    finally:
+        if process.poll() is None:  # a launcher's processes exit when it does (tasks/runtime/child.py)
+            process.kill()
+        messages.drain()
 
 
 def gpu_slots(gpus: int):
