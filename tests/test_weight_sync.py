@@ -184,7 +184,11 @@ def test_an_rl_stage_decodes_on_the_server_and_the_server_ends_with_its_weights(
             assert h["logp_mismatch"] < 1e-3 and abs(h["importance_weight"] - 1) < 1e-3  # the same engine's numbers
             assert h["stale_groups"] == 0
         staleness = [h["staleness"] for h in history]
-        assert staleness == ([0, 1, 1, 1] if case == "asynchronous" else [0, 0, 0, 0])  # step 1 waits for v0
+        if case == "asynchronous":  # step 1 waits for v0; step 2's rollouts start while step 1 trains
+            # later groups may start after the next version was published: fresher, never staler than 1
+            assert staleness[:2] == [0, 1] and all(0 <= lag <= 1 for lag in staleness)
+        else:
+            assert staleness == [0, 0, 0, 0]
         tokenizer = load_tokenizer(outputs["checkpoint"].local_dir)
         trained = load_model(outputs["checkpoint"].local_dir, model)
         policy = ServerPolicy(url, "policy", tokenizer)
