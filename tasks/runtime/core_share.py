@@ -53,4 +53,3 @@ class CoreShare:
 
 
 CORE_SHARE = CoreShare()  # one per process: the children of every stage this process runs
-
