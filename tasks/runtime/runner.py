@@ -1,7 +1,7 @@
 """Run one stage: look it up in the store's stage cache, else run it in a child process.
 
 `run_stage` is the Prefect task every stage runs as (`stage_task_options` gives it the stage's
-name, retries, retry delay, timeout and tags); the per-kind logic lives in the stage modules.
+name, retries, retry delay and tags); the per-kind logic lives in the stage modules.
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ def _stage_logs() -> logging.Logger:
 
 STAGE_LOGS = _stage_logs()
 GPU_LIMIT = "gpu"  # the global concurrency limit capping GPU slots (`prefect gcl create gpu --limit N`)
-# The stage's own timeout kills its child process and names the stage; Prefect's task timeout
-# is a backstop a little later (it also covers the cache lookup and the commit).
-TIMEOUT_GRACE_SECONDS = 60
 
 
 class StageFailed(Exception):
@@ -184,11 +181,13 @@ def stage_tags(request: StageRequest) -> list[str]:
 
 
 def stage_task_options(request: StageRequest, task_run_name: str | None = None) -> dict:
-    """`run_stage.with_options(...)` for this request: its retries, delay, timeout (+ grace) and tags."""
+    """`run_stage.with_options(...)` for this request: its retries, delay and tags. No Prefect task
+    timeout: the runner kills the stage's child at the stage's timeout, and Prefect's could not
+    interrupt a task in a worker thread anyway (it warned so at every stage)."""
     settings = request.orchestration
     return {"name": request.stage.kind, "task_run_name": task_run_name or request.stage.id,
             "retries": settings.retries, "retry_delay_seconds": settings.retry_delay_seconds,
-            "timeout_seconds": settings.timeout_seconds + TIMEOUT_GRACE_SECONDS, "tags": stage_tags(request)}
+            "tags": stage_tags(request)}
 
 
 @task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)

@@ -52,6 +52,7 @@ def test_run_then_rerun_is_all_cached_with_same_refs(tmp_path):
     assert set(evaluation["sft"]["arith"]) >= {"accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens"}
     assert (store / "runs" / f"{run1['run_id']}.json").exists()
     assert "checkpoint" in first.stdout and "accuracy" in first.stdout  # the metrics table
+    assert "WARNING" not in first.stdout + first.stderr  # a clean run says nothing to worry about
     # each stage's lines are in its task run's logs on the Prefect server, with the progress lines
     assert "[warmup] 256 examples" in " ".join(task_run_logs(run1["run_id"], "warmup"))
     assert any(re.match(r"\[sft\] step 12/12 ", line) for line in task_run_logs(run1["run_id"], "sft"))
