@@ -89,7 +89,7 @@ class Sandbox:
         try:
             self.process = subprocess.Popen([*started.command, str(to_agent), str(from_agent)],
                                             pass_fds=(to_agent, from_agent, *started.fds),
-                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stdin=started.stdin, stdout=subprocess.DEVNULL,
                                             stderr=self._bwrap_errors, start_new_session=True)
         except OSError as exc:
             os.close(self._requests)

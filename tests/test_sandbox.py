@@ -1,9 +1,14 @@
 """The bubblewrap sandbox's basic contract: it refuses to run without bwrap, and files, commands,
 Python cells, variables and llm_query work as envs expect. Hostile actions: test_sandbox_adversarial.py."""
 
+import os
+import tempfile
+
 import pytest
 
+from envs import sandbox_launch
 from envs.sandbox import INSTALL_HINT, Sandbox, SandboxLimits, SandboxUnavailable, _processes_of
+from envs.sandbox_launch import tmpfs_fstab
 
 LIMITS = SandboxLimits(wall_seconds=5)
 
@@ -101,3 +106,20 @@ def test_the_policy_sees_the_same_ids_in_every_sandbox():
         with Sandbox() as box:
             seen.append(box.run("touch f; id; ls -ln f | cut -d' ' -f3,4").output)
     assert seen[0] == seen[1] and seen[0].startswith("uid=1000 gid=1000")
+
+
+def test_the_tmpfs_fstab_escapes_its_folder_and_mounts_under_a_folder_with_spaces(monkeypatch):
+    """All four tmpfs come from one fstab (one `mount -a`); a temporary folder with a space or a
+    backslash in its name is escaped as libmount reads it, and each tmpfs keeps its cap."""
+    fstab = tmpfs_fstab(LIMITS, "/tmp/a b\\c", 7)
+    assert [line.split()[1] for line in fstab.splitlines()] == [
+        "/tmp/a\\040b\\134c", *(f"/tmp/a\\040b\\134c/{name}" for name in ("work", "tmp", "shm", "grader"))]
+    assert all(len(line.split()) == 6 for line in fstab.splitlines())
+    base = tempfile.mkdtemp(prefix="posttrain mount point ")  # where the sandbox's uid can reach it, as root
+    monkeypatch.setattr(sandbox_launch, "_mount_point", lambda: base)
+    try:
+        with Sandbox(LIMITS) as box:
+            sizes = box.run("df -k --output=target,size /work /tmp /dev/shm /grader | tail -n 4").output
+    finally:
+        os.rmdir(base)
+    assert sizes.split() == ["/work", str(LIMITS.disk_mb * 1024), "/tmp", "8192", "/dev/shm", "4096", "/grader", "8192"]
