@@ -275,3 +275,6 @@ LIMITS, WORKER, HOST, CPU_SPENT = {}, None, {}, [0.0]  # set by main; CPU_SPENT:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    # the host closed its pipe: pid 1's exit ends the rest; the interpreter's teardown would add
+    # ~5 ms to every episode's end
+    os._exit(0)
