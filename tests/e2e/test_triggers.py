@@ -132,6 +132,10 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
         assert refused["parameters"]["store"] == f"file://{forged}"
         assert f"store: file://{forged} is not in POSTTRAIN_ALLOWED_STORES" in refused["state"]["message"]
         assert sorted(forged.rglob("*")) == copied  # nothing written there
+        # the server persists events in batches: a trigger can fire before its event is listed
+        expected = len(checkpoints) + 1  # each checkpoint's event and the forged one
+        wait_until(lambda: len(events(api, "posttrain.checkpoint.created")) >= expected, 30,
+                   lambda: f"events listed: {events(api, 'posttrain.checkpoint.created')}", interval=1)
         created = events(api, "posttrain.checkpoint.created")
         assert sorted(e["resource"]["prefect.resource.id"] for e in created) == \
             sorted(f"posttrain.checkpoint.{ref}" for ref in [*checkpoints, sft["outputs"]["checkpoint"]])
