@@ -1,6 +1,7 @@
 """Agentic RL on held-out tasks over three RL seeds: pipelines/agentic.yaml with its rl stage
 repeated per seed (`rl` is seed 0, then `rl-seed1`, ...; SFT, generation and preference run once,
-shared), and one evaluate stage over `sft`, `align` and every seed's checkpoint with `align` as
+shared), and one evaluate stage over `sft` (what `align` was trained from), `align` and every
+seed's checkpoint with `align` as
 the baseline, so each seed's paired gain over align, and its standard error, come from the same
 held-out tasks. Writes bench/results/agentic_seeds.json:
 
@@ -30,11 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
-    """rl_seeds' spec (one rl stage per seed, one evaluation), its evaluation over the spec's own
-    checkpoints before RL and every seed, against the rl input."""
+    """rl_seeds' spec (one rl stage per seed, one evaluation), its evaluation over the checkpoint the
+    rl input was trained from (agentic.yaml's `sft`, which its own evaluation leaves out to save
+    its time), the spec's own checkpoints before RL and every seed, against the rl input."""
     seeded, rl_ids, input_id = rl_seeds.seeded_spec(spec, seeds)
+    stages = {stage["id"]: stage for stage in spec["stages"]}
     evaluate = next(s for s in spec["stages"] if s["kind"] == "evaluate")
-    upstream = [c for c in evaluate["checkpoints"] if c not in rl_ids]
+    policy = stages[input_id]["policy"] if "policy" in stages[input_id] else None
+    trained_from = [policy] if policy in stages else []  # none where the input starts from the base or a ref
+    upstream = list(dict.fromkeys([*trained_from, *(c for c in evaluate["checkpoints"] if c not in rl_ids)]))
     seeded["stages"][-1] = {**seeded["stages"][-1], "checkpoints": [*upstream, *rl_ids], "baseline": input_id}
     return seeded, rl_ids, input_id
 

@@ -105,7 +105,7 @@ def test_the_fallback_bound_and_a_delegated_cgroup(monkeypatch, tmp_path):
 def test_no_host_path_in_the_mount_table(fresh):
     fresh.run("cat /proc/self/mountinfo /proc/mounts > mounts.txt; ls /opt/posttrain >> mounts.txt")
     seen = fresh.files()["mounts.txt"].decode()
-    assert "sandbox_agent.py" in seen and " /work " in seen
+    assert "sandbox_agent.pyc" in seen and " /work " in seen
     for host_path in (str(REPO), sys.prefix, "posttrain-sandbox", tempfile.gettempdir() + "/"):
         assert host_path not in seen
 

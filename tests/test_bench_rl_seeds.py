@@ -45,6 +45,17 @@ def test_rl_async_writes_both_sides_and_the_staleness(tmp_path, shared_prefect_a
     assert all(r["held_out_n"] == 16 and r["steps"] == 3 for side in runs.values() for r in side)
 
 
+def test_agentic_seeds_evaluates_what_the_rl_input_was_trained_from():
+    from bench import agentic_seeds
+
+    spec = {"stages": [{"id": "sft", "kind": "sft"}, {"id": "align", "kind": "preference", "policy": "sft"},
+                       {"id": "rl", "kind": "rl", "policy": "align"},
+                       {"id": "final-eval", "kind": "evaluate", "checkpoints": ["align", "rl"], "baseline": "align"}]}
+    seeded, rl_ids, input_id = agentic_seeds.seeded_spec(spec, 3)
+    assert rl_ids == ["rl", "rl-seed1", "rl-seed2"] and input_id == "align"
+    assert seeded["stages"][-1]["checkpoints"] == ["sft", "align", *rl_ids] and seeded["stages"][-1]["baseline"] == "align"
+
+
 def test_agentic_seeds_writes_every_seed_against_the_rl_input_and_prints_the_table(tmp_path, shared_prefect_api,
                                                                                    capsys):
     from bench import agentic_seeds

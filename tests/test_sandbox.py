@@ -2,6 +2,7 @@
 Python cells, variables and llm_query work as envs expect. Hostile actions: test_sandbox_adversarial.py."""
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -123,3 +124,23 @@ def test_the_tmpfs_fstab_escapes_its_folder_and_mounts_under_a_folder_with_space
     finally:
         os.rmdir(base)
     assert sizes.split() == ["/work", str(LIMITS.disk_mb * 1024), "/tmp", "8192", "/dev/shm", "4096", "/grader", "8192"]
+
+
+def test_the_agent_runs_from_bytecode_its_interpreter_compiled(monkeypatch, tmp_path):
+    compiled = dict(sandbox_launch.agent_bytecode())
+    assert sorted(compiled) == ["sandbox_agent.pyc", "sandbox_files.pyc", "sandbox_proc.pyc", "sandbox_worker.pyc"]
+    with Sandbox() as sandbox:
+        listed = sandbox.run("ls /opt/posttrain").output.split()
+        assert listed == sorted(compiled) and sandbox.run_python("print(6 * 7)").output == "42\n"  # the worker's too
+    # an interpreter that cannot compile them: the sandbox is unavailable, and the message says why
+    broken = tmp_path / "python3"
+    broken.write_text("#!/bin/sh\necho 'SyntaxError: nothing compiles here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(sandbox_launch, "_python", lambda: (str(broken), []))
+    sandbox_launch.agent_bytecode.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match=f"^{re.escape(str(broken))} cannot compile the sandbox's agent: SyntaxError: "
+                                                     "nothing compiles here$"):
+            sandbox_launch.agent_bytecode()
+    finally:
+        sandbox_launch.agent_bytecode.cache_clear()
