@@ -26,7 +26,7 @@ def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_
         return 1
     result = state.result()
     print(f"\n{ref}: {result['state']}  results {result['results']}  report {result['report']}")
-    print_metrics(result["metrics"])
+    print_metrics(ref, result["metrics"], plan.stage.max_new_tokens)
     return 0
 
 
@@ -50,7 +50,7 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     policy = EndpointPolicy(endpoint, model, tokenizer, api_key=api_key)
     print(f"evaluating {model} at {endpoint} on {', '.join(env_ids)} (n={stage.n})", flush=True)
     metrics = {env_id: evaluate_policy(policy, tokenizer, env, stage, model)[1] for env_id, env in envs_ready.items()}
-    print_metrics(metrics)
+    print_metrics(model, metrics, stage.max_new_tokens)
     return 0
 
 
@@ -68,8 +68,13 @@ def with_rows(spec, env_id: str, env):
     return env
 
 
-def print_metrics(metrics: dict[str, dict]) -> None:
+def print_metrics(label: str, metrics: dict[str, dict], max_new_tokens: int) -> None:
+    """The metrics of one checkpoint (or model) per env, and a warning where most episodes were cut off."""
+    from tasks.common.eval_report import unfinished_warnings
+
     print(f"{'env':<12} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'tokens':>7} {'n':>5}")
     for env_id, m in metrics.items():
         print(f"{env_id:<12} {m['accuracy']:>9.1%} {m['format_rate']:>7.1%} {m['doom_loop_rate']:>10.1%} "
               f"{m['mean_completion_tokens']:>7.1f} {m['n']:>5}")
+    for warning in unfinished_warnings({label: metrics}, max_new_tokens):
+        print(f"warning: {warning}")

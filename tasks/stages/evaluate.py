@@ -25,7 +25,7 @@ from models.loading import load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
-from tasks.common.eval_report import write_eval_report
+from tasks.common.eval_report import unfinished_warnings, write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
@@ -200,10 +200,13 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                     f"({time.monotonic() - began:.1f}s)")
             progress.update(sum(len(done) for done in metrics.values()))
     add_paired_gains(metrics, rows, stage.baseline)
+    warnings = unfinished_warnings(metrics, stage.max_new_tokens)
+    for warning in warnings:
+        ctx.log(f"warning: {warning}", "WARNING")
     out_dir = ctx.workdir / "results"
     write_rows(rows, out_dir)
     report_dir = ctx.workdir / "report"
     write_eval_report(metrics, {key: ctx.inputs[key] for key in stage.checkpoints}, report_dir,
-                      f"evaluation {ctx.output_name}")
+                      f"evaluation {ctx.output_name}", warnings)
     return {"results": StageOutput("dataset", out_dir, metrics, ContractParams(kind="eval")),
             "report": StageOutput("report", report_dir)}
