@@ -1,9 +1,8 @@
 """Agentic RL on held-out tasks over three RL seeds: pipelines/agentic.yaml with its rl stage
 repeated per seed (`rl` is seed 0, then `rl-seed1`, ...; SFT, generation and preference run once,
 shared), and one evaluate stage over `sft` (what `align` was trained from), `align` and every
-seed's checkpoint with `align` as
-the baseline, so each seed's paired gain over align, and its standard error, come from the same
-held-out tasks. Writes bench/results/agentic_seeds.json:
+seed's checkpoint with `align` as the baseline, so each seed's paired gain over align, and its
+standard error, come from the same held-out tasks. Writes bench/results/agentic_seeds.json:
 
     {"envs": {KIND: {"n", "sft": [..], "align": [..], "rl": [..], "paired_se": [..]}},
      "cod_by_position": {"rl": [..]}}

@@ -35,7 +35,8 @@ PR_SET_DUMPABLE = 4
 INTERRUPT_GRACE = 1.0  # seconds a cell gets to unwind after SIGALRM before its worker is killed
 MESSAGE_BYTES = 1 << 22  # the longest line the worker may send (an llm_query prompt)
 # beside the agent, compiled like it (envs/sandbox_launch.py ships .pyc files; the sources run too)
-WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker" + os.path.splitext(__file__)[1])
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_SCRIPT = os.path.join(HERE, "sandbox_worker" + os.path.splitext(__file__)[1])
 LOST = "its variables are lost"
 
 

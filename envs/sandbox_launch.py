@@ -185,11 +185,28 @@ def agent_bytecode() -> tuple[tuple[str, bytes], ...]:
 def _data_fd(name: str, data: bytes) -> int:
     """An anonymous host file holding `data`, read from its start (bwrap's --seccomp and --file read an fd)."""
     fd = os.memfd_create(name)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+def _data_fds(named_data: list[tuple[str, bytes]]) -> list[int]:
+    """An fd per (name, data), by `_data_fd`; if one fails, those made before it are closed."""
+    fds: list[int] = []
+    try:
+        for name, data in named_data:
+            fds.append(_data_fd(name, data))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
 
 
 def _seccomp_program() -> bytes:
@@ -234,11 +251,15 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
     root = privileged()
     namespaces, base, program = _namespaces(uid, root), _mount_point(), _seccomp_program()
     owner = uid if root else 0  # without root: the user namespace's root, which bwrap maps the policy's uid onto
-    fstab = _data_fd("posttrain-fstab", tmpfs_fstab(limits, base, owner).encode())
     agent = agent_bytecode()
-    fds = (_data_fd("posttrain-seccomp", program), *(_data_fd(name, data) for name, data in agent))
     name = f"posttrain-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
     cgroup = sandbox_cgroup.create(name, memory_bound(limits), limits.processes + 2)  # + bwrap's monitor, the agent
+    try:
+        fstab, *fds = _data_fds([("posttrain-fstab", tmpfs_fstab(limits, base, owner).encode()),
+                                 ("posttrain-seccomp", program), *agent])
+    except BaseException:
+        sandbox_cgroup.remove(cgroup)
+        raise
     # copies in bwrap's root, not binds: /proc/self/mountinfo names no host path
     agent_files = [arg for (name, _), fd in zip(agent, fds[1:])
                    for arg in ("--perms", "0444", "--file", str(fd), f"{INSIDE}/{name}")]
@@ -260,4 +281,4 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
         "--setenv", "PYTHONNOUSERSITE", "1",  # no usercustomize.py under /work/.local runs in a grader's python
         python, "-I", "-S", f"{INSIDE}/{agent[0][0]}", limits.model_dump_json(),
     ]
-    return Launch(sandbox_cgroup.enter(cgroup, command), fds, fstab, cgroup)
+    return Launch(sandbox_cgroup.enter(cgroup, command), tuple(fds), fstab, cgroup)

@@ -139,8 +139,28 @@ def test_the_agent_runs_from_bytecode_its_interpreter_compiled(monkeypatch, tmp_
     monkeypatch.setattr(sandbox_launch, "_python", lambda: (str(broken), []))
     sandbox_launch.agent_bytecode.cache_clear()
     try:
-        with pytest.raises(SandboxUnavailable, match=f"^{re.escape(str(broken))} cannot compile the sandbox's agent: SyntaxError: "
-                                                     "nothing compiles here$"):
+        expected = f"^{re.escape(str(broken))} cannot compile the sandbox's agent: SyntaxError: nothing compiles here$"
+        with pytest.raises(SandboxUnavailable, match=expected):
             sandbox_launch.agent_bytecode()
     finally:
         sandbox_launch.agent_bytecode.cache_clear()
+
+
+def test_a_launch_that_fails_midway_leaves_no_fd_open_and_no_cgroup(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox_launch.sandbox_cgroup, "delegated", lambda: tmp_path)
+    removed = []  # a plain folder holding memory.max cannot be rmdir'ed as a cgroup's can: record the call
+    monkeypatch.setattr(sandbox_launch.sandbox_cgroup, "remove", removed.append)
+    made, real = [], sandbox_launch._data_fd
+
+    def third_fails(name, data):
+        if len(made) == 2:  # the fstab and the seccomp program are open by then
+            raise OSError(24, "Too many open files")
+        made.append(real(name, data))
+        return made[-1]
+
+    monkeypatch.setattr(sandbox_launch, "_data_fd", third_fails)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="Too many open files"):
+        sandbox_launch.launch(LIMITS, os.geteuid())
+    assert len(made) == 2 and set(os.listdir("/proc/self/fd")) == before
+    assert removed == list(tmp_path.iterdir()) and len(removed) == 1  # the sandbox's cgroup, removed
