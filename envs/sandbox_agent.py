@@ -27,7 +27,8 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # -I leaves the script's folder out
 from sandbox_files import GRADER, empty, put, snapshot
 from sandbox_proc import EXITED, WATCHED, Output, quiesce, reap, spawn, wait_ready, watch_children
 
@@ -35,7 +36,6 @@ PR_SET_DUMPABLE = 4
 INTERRUPT_GRACE = 1.0  # seconds a cell gets to unwind after SIGALRM before its worker is killed
 MESSAGE_BYTES = 1 << 22  # the longest line the worker may send (an llm_query prompt)
 # beside the agent, compiled like it (envs/sandbox_launch.py ships .pyc files; the sources run too)
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER_SCRIPT = os.path.join(HERE, "sandbox_worker" + os.path.splitext(__file__)[1])
 LOST = "its variables are lost"
 

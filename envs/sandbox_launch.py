@@ -167,10 +167,10 @@ def agent_bytecode() -> tuple[tuple[str, bytes], ...]:
     interpreter: the sandbox imports them sourceless, sparing every episode's start the compiling
     of ~550 lines (~4 ms of its ~35)."""
     python, _ = _python()
+    names = [f"{path.stem}.pyc" for path in AGENT_FILES]
     with tempfile.TemporaryDirectory(prefix="posttrain-agent-") as folder:
-        compiled = [(f"{path.stem}.pyc", Path(folder) / f"{path.stem}.pyc") for path in AGENT_FILES]
-        arguments = [str(value) for path, (name, target) in zip(AGENT_FILES, compiled)
-                     for value in (path, target, f"{INSIDE}/{path.name}")]
+        arguments = [str(value) for path, name in zip(AGENT_FILES, names)
+                     for value in (path, f"{folder}/{name}", f"{INSIDE}/{path.name}")]
         try:
             done = subprocess.run([python, "-I", "-S", "-c", COMPILE_AGENT, *arguments], capture_output=True,
                                   timeout=60)
@@ -179,7 +179,7 @@ def agent_bytecode() -> tuple[tuple[str, bytes], ...]:
         if done.returncode != 0:
             last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
             raise SandboxUnavailable(f"{python} cannot compile the sandbox's agent: {last}")
-        return tuple((name, target.read_bytes()) for name, target in compiled)
+        return tuple((name, Path(folder, name).read_bytes()) for name in names)
 
 
 def _data_fd(name: str, data: bytes) -> int:
@@ -261,8 +261,8 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
         sandbox_cgroup.remove(cgroup)
         raise
     # copies in bwrap's root, not binds: /proc/self/mountinfo names no host path
-    agent_files = [arg for (name, _), fd in zip(agent, fds[1:])
-                   for arg in ("--perms", "0444", "--file", str(fd), f"{INSIDE}/{name}")]
+    agent_files = [arg for (file_name, _), fd in zip(agent, fds[1:])
+                   for arg in ("--perms", "0444", "--file", str(fd), f"{INSIDE}/{file_name}")]
     command = [
         *namespaces,
         # --unshare-all but IPC: the sandbox stays in the IPC namespace whose limits were written above
@@ -279,6 +279,6 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         "--setenv", "PYTHONNOUSERSITE", "1",  # no usercustomize.py under /work/.local runs in a grader's python
-        python, "-I", "-S", f"{INSIDE}/{agent[0][0]}", limits.model_dump_json(),
+        python, "-I", "-S", f"{INSIDE}/{AGENT.stem}.pyc", limits.model_dump_json(),
     ]
     return Launch(sandbox_cgroup.enter(cgroup, command), tuple(fds), fstab, cgroup)
