@@ -69,7 +69,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(NAME)
 
 # every stage kind on CUDA (a GPU machine; refuses elsewhere): bench/results/gpu_check.json
-# (on a GPU box, install torch's CUDA build in .venv first: README "Running on a GPU cluster")
+# (on a GPU box, install torch's CUDA build in .venv first: docs/GPU.md "Running on a GPU cluster")
 gpu-check: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.gpu_check
 

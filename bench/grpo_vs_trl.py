@@ -1,7 +1,7 @@
-"""GRPO throughput: this project's `rl` stage (tasks/stages/rl.py) against TRL's `GRPOTrainer`.
+"""GRPO throughput: this project's `rl` stage (tasks/stages/rl/stage.py) against TRL's `GRPOTrainer`.
 
 Both sides train the `tiny-llama` preset (float32, same torch threads) on the same arith train
-prompts in the same order (the stage's own draw, `tasks.stages.rl.step_tasks`, handed to TRL as a
+prompts in the same order (the stage's own draw, `tasks.stages.rl.stage.step_tasks`, handed to TRL as a
 conversational dataset it does not shuffle), rendered by the same chat template to the same
 prompt ids (checked), scored by the same reward (the arith rubric's total: correct 1.0 + format
 0.2). Both sample `group_size` completions of `prompts_per_step` prompts per step (temperature
@@ -11,7 +11,7 @@ group-std reward scaling, AdamW at a constant learning rate without warm-up, gra
 Token sampling streams differ (each side its own RNG), so reward curves agree only within noise.
 
 The headline is end to end: all sampled completion tokens (end token included) per second of
-the whole call: ours `tasks.stages.rl.run` (store fetch, model load, every step's generation and
+the whole call: ours `tasks.stages.rl.stage.run` (store fetch, model load, every step's generation and
 update, checkpoint and report writing), TRL's `GRPOTrainer(...)` construction plus `train()`.
 Per step, the JSON splits the time into rollout (sampling and scoring: ours `rollout_seconds`
 in the stage's metrics.jsonl, TRL's `_generate_and_score_completions`, timed) and update (the
@@ -47,7 +47,8 @@ from envs.arith import ArithEnv, ArithEnvConfig  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
-from tasks.stages.rl import TASK_POOL, RlStage, step_tasks  # noqa: E402
+from tasks.stages.rl import RlStage  # noqa: E402
+from tasks.stages.rl.stage import TASK_POOL, step_tasks  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
 DEFAULT_OUT = RESULTS_DIR / "grpo_vs_trl.json"
@@ -121,7 +122,7 @@ class Side:
 
 
 def step_prompts(settings: Settings) -> list:
-    """The tasks the stage draws, step by step (`tasks.stages.rl.step_tasks` over its pool), flattened."""
+    """The tasks the stage draws, step by step (`tasks.stages.rl.stage.step_tasks` over its pool), flattened."""
     pools = {"arith": ArithEnv(ENV_CONFIG).tasks("train", TASK_POOL, settings.seed)}
     return [task for step in range(settings.steps)
             for _, task in step_tasks(pools, {"arith": 1.0}, settings.prompts_per_step, settings.seed, step)]
@@ -159,7 +160,7 @@ def warm_start(settings: Settings, workdir: Path) -> Path:
 def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
     from artifacts.store import Store
     from tasks.common.context import StageContext
-    from tasks.stages.rl import run as run_stage
+    from tasks.stages.rl.stage import run as run_stage
 
     stage = RlStage(kind="rl", id="rl", policy="policy", envs={"arith": 1.0}, algorithm="grpo",
                     loss_aggregation="dapo", steps=settings.steps, prompts_per_step=settings.prompts_per_step,
@@ -191,8 +192,9 @@ def ours(model_dir: Path, settings: Settings, workdir: Path) -> Side:
                 timed_tokens=cumulative[-1] - cumulative[warm], timed_seconds=elapsed[-1] - elapsed[warm],
                 seconds=seconds, rollout_seconds=[h["rollout_seconds"] for h in history],
                 update_seconds=[h["update_seconds"] for h in history],
-                details={"timed": "tasks.stages.rl.run(stage, ctx); step ends from its metrics.jsonl (cumulative tokens "
-                                  "/ tokens_per_second); end to end: the whole call, the policy commit excluded",
+                details={"timed": "tasks.stages.rl.stage.run(stage, ctx); step ends from its metrics.jsonl "
+                                  "(cumulative tokens / tokens_per_second); end to end: the whole call, the policy "
+                                  "commit excluded",
                          "stage": stage.model_dump(mode="json"),
                          "mean_loss": round(sum(h["loss"] for h in history) / len(history), 6),
                          "sampler": "models.sampling.generate_tokens (its own KV-cache decode loop, eval mode)"})
@@ -338,8 +340,8 @@ def run(settings: Settings, runs: int, quiet: dict, peer_decoding: str = "auto")
                  "lr 2e-3), the same folder for both sides" if settings.sft_steps else f"the untrained {MODEL_PRESET}",
         "data": {"env": "arith", "env_config": ENV_CONFIG.model_dump(mode="json"), "split": "train",
                  "prompts": len(tasks), "unique_prompts": len({t.prompt for t in tasks}),
-                 "order": "tasks.stages.rl.step_tasks (the stage's own draw); TRL the same prompts in the same order "
-                          "(shuffle_dataset=False, each prompt group_size times in a row); token sampling RNGs "
+                 "order": "tasks.stages.rl.stage.step_tasks (the stage's own draw); TRL the same prompts in the "
+                          "same order (shuffle_dataset=False, each prompt group_size times in a row); token sampling RNGs "
                           "differ, so completions and rewards differ within sampling noise"},
         "settings": asdict(settings),
         "completions_per_step": settings.completions_per_step,

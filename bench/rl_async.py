@@ -65,7 +65,7 @@ def one_run(side: str, rl: dict, evaluate: dict, ref: str, store, spec: dict, st
     from tasks.stages.evaluate import run as run_evaluate
     from tasks.stages.rl import RlStage
     from flows.spec import parse_spec
-    from tasks.stages.rl import run as run_rl
+    from tasks.stages.rl.stage import run as run_rl
 
     torch.set_num_threads(1)
     parsed = parse_spec(spec)

@@ -10,7 +10,7 @@ so its peak resident memory (VmHWM, tasks/runtime/peaks.py) is that row's alone:
   masked, the rest trained), micro-batch 1, gradient checkpointing
 - preference: `tasks.stages.preference.train_step` on `--rows` pairs of such rows (DPO, the
   reference log-probs given: the stage computes them before training), micro-batch 1, checkpointing
-- rl: `tasks.stages.rl.train_step` on one group of `--rows` GRPO rows (prompt + completion, DAPO
+- rl: `tasks.stages.rl.update.train_step` on one group of `--rows` GRPO rows (prompt + completion, DAPO
   aggregation, beta 0, temperature 1), micro-batch 1, checkpointing
 - generate: models/sampling.py's engine (`generate_tokens`) completes `--rows` prompts of
   `--prompt-len` tokens with `--new-tokens` tokens each, one batch, temperature 1 (an rl stage's
@@ -198,8 +198,9 @@ def run_row(name: str, row: str, settings: dict) -> dict:
     elif row == "rl":
         from tasks.common.rollouts import Trajectory, TurnRecord
         from tasks.common.training import Training
-        from tasks.common.rl_update import train_step
-        from tasks.stages.rl import RlStage, Scored
+        from tasks.stages.rl.update import train_step
+        from tasks.stages.rl import RlStage
+        from tasks.stages.rl.scoring import Scored
 
         stage = RlStage(kind="rl", id="r", policy="s", envs={"e": 1.0}, steps=1, prompts_per_step=1,
                         group_size=rows, max_tokens=completion_len, temperature=1.0, loss_aggregation="dapo",
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "sft": "tasks.stages.sft.train_step, rows examples of prompt (labels -100) + completion",
                 "preference": "tasks.stages.preference.train_step, dpo beta 0.1, rows pairs (chosen and rejected "
                               "each seq_len tokens), reference log-probs given",
-                "rl": "tasks.stages.rl.train_step, grpo, one group of rows, dapo aggregation, beta 0, "
+                "rl": "tasks.stages.rl.update.train_step, grpo, one group of rows, dapo aggregation, beta 0, "
                       "num_iterations 1, temperature 1",
                 "generate": "models.sampling.generate_tokens, one batch of rows prompts, temperature 1, seed 0, "
                             "the LoRA-wrapped model (unmerged), no end token (the whole budget decoded)",

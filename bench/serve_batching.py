@@ -44,7 +44,7 @@ def served_folder() -> tuple[Path, str]:
 def start_server(folder: Path) -> tuple[object, str]:
     import subprocess
 
-    code = ("import sys; from models.serving_app import serve; "
+    code = ("import sys; from models.serving.app import serve; "
             "serve(sys.argv[1], 'policy', port=0)")
     # one torch thread: the clients run on this machine too, and two decode threads spinning on its
     # two cores would starve them and the server's own event loop

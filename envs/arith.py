@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SingleTurn, SubPolicy, Task
+from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SingleTurn, SubPolicy, Task, check_split
 
 PROMPT = "I have a great question: what is {a}{op}{b}?"
 COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}.{checks} The final answer is {c}."
@@ -54,16 +54,12 @@ def completion_words(completion: str, task: Task, outcome: Outcome = NO_OUTCOME)
     return float(len(completion.split()))
 
 
-class ArithEnv:
+class ArithEnv(EnvBase):
     config_class = ArithEnvConfig
-    restarts_context = False
-    pays_per_step = False
     max_turns = 1
-    action_stop = ()
 
     def __init__(self, config: ArithEnvConfig, name: str = "arith"):
-        self.config = config
-        self.name = name
+        super().__init__(config, name)
         self.rubric = Rubric([
             RewardFunc("correct", correctness, 1.0),
             RewardFunc("format", format_ok, config.format_weight),
@@ -75,8 +71,7 @@ class ArithEnv:
         return held_out if split == "eval" else not held_out
 
     def split_problems(self, split: str) -> list[tuple[int, str, int]]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
+        check_split(split)
         digits = self.config.digits
         numbers = range(0 if digits == 1 else 10 ** (digits - 1), 10 ** digits)
         return [(a, op, b) for op in self.config.ops for a in numbers for b in numbers
@@ -85,7 +80,7 @@ class ArithEnv:
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` distinct tasks of a split in seeded order (cycling when the split is smaller)."""
         problems = self.split_problems(split)
-        random.Random(f"{self.name}:{split}:{seed}").shuffle(problems)
+        self.draw(split, seed).shuffle(problems)
         tasks = []
         for i in range(n):
             a, op, b = problems[i % len(problems)]

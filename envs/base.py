@@ -31,17 +31,6 @@ def cycled(pool: list[Task], n: int, draw: random.Random) -> list[Task]:
     return tasks[:n]
 
 
-def draw_split(catalogue: list[Task], split: str, n: int, seed_key: str, empty: str) -> list[Task]:
-    """`n` tasks of the catalogue's `split` (its tasks' info["split"]), `cycled`; `empty` is the
-    error when the split has no task."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"unknown split {split!r}")
-    pool = [task for task in catalogue if task.info["split"] == split]
-    if not pool:
-        raise ValueError(empty)
-    return cycled(pool, n, random.Random(seed_key))
-
-
 @dataclass(frozen=True)
 class RewardFunc:
     """A named reward function of (transcript, task, outcome); weight 0 makes it a logged metric only.
@@ -213,3 +202,56 @@ def play_oracle(env: Environment, task: Task, llm: SubPolicy | None = None) -> s
     finally:
         episode.finish()
     return transcript
+
+
+def check_split(split: str) -> None:
+    if split not in ("train", "eval"):
+        raise ValueError(f"unknown split {split!r}")
+
+
+class EnvBase:
+    """The defaults of an env class (the built-in kinds subclass it; `Environment` is the protocol):
+    one growing context whose rubric total is paid, no stop string but the end token, the config's
+    `max_turns`, the oracle played through a real episode. A kind states only what differs."""
+
+    restarts_context = False
+    pays_per_step = False
+    action_stop: tuple[str, ...] = ()
+    oracle_llm: SubPolicy | None = None  # what answers the oracle episode's own model calls, if it makes any
+
+    def __init__(self, config, name: str):
+        self.config = config
+        self.name = name
+
+    @property
+    def max_turns(self) -> int:
+        return self.config.max_turns
+
+    def draw(self, split: str, seed: int) -> random.Random:
+        """The seeded order of a split's tasks: each env name, split and seed its own."""
+        return random.Random(f"{self.name}:{split}:{seed}")
+
+    def reference_completion(self, task: Task) -> str:
+        """The oracle's transcript, played through a real episode (its sandbox included)."""
+        return play_oracle(self, task, self.oracle_llm)
+
+
+class CatalogueEnv(EnvBase):
+    """An env whose tasks are a fixed catalogue, each marked with its split (info["split"])."""
+
+    catalogue: list[Task]
+
+    def all_tasks(self) -> list[Task]:
+        return list(self.catalogue)
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` tasks of a split in a seeded order, cycling (reshuffled each pass) when n exceeds it."""
+        check_split(split)
+        pool = [task for task in self.catalogue if task.info["split"] == split]
+        if not pool:
+            raise ValueError(self.no_tasks(split))
+        return cycled(pool, n, self.draw(split, seed))
+
+    def no_tasks(self, split: str) -> str:
+        """The error when a split has no task."""
+        return f"the {split} split of {self.name} has no tasks"

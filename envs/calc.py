@@ -8,14 +8,13 @@ exercises the multi-turn protocol, per-step rows (StepPO) and observation maskin
 
 from __future__ import annotations
 
-import random
 import re
 import zlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, play_oracle
+from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
 
 PROMPT = "Use the calculator: what is {expression}?"
 CALL = "<calc>{expression}</calc>"
@@ -81,16 +80,12 @@ def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> fl
     return float(len(_CALL.findall(transcript)))
 
 
-class CalcEnv:
+class CalcEnv(EnvBase):
     config_class = CalcEnvConfig
-    restarts_context = False
-    pays_per_step = False
     action_stop = ("</calc>",)
 
     def __init__(self, config: CalcEnvConfig, name: str = "calc"):
-        self.config = config
-        self.name = name
-        self.max_turns = config.max_turns
+        super().__init__(config, name)
         self.rubric = Rubric([
             RewardFunc("correct", correctness, 1.0),
             RewardFunc("format", format_ok, config.format_weight),
@@ -99,9 +94,8 @@ class CalcEnv:
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split, drawn at random (the splits are disjoint by a hash of the problem)."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
-        draw = random.Random(f"{self.name}:{split}:{seed}")
+        check_split(split)
+        draw = self.draw(split, seed)
         low, high = (0 if self.config.digits == 1 else 10 ** (self.config.digits - 1)), 10 ** self.config.digits - 1
         tasks = []
         while len(tasks) < n:
@@ -128,10 +122,6 @@ class CalcEnv:
             actions.append(CALL.format(expression=f"{total}+{operand}"))
             total += operand
         return [*actions, FINAL.format(value=total)]
-
-    def reference_completion(self, task: Task) -> str:
-        """The oracle's transcript, played through a real episode."""
-        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return correctness(completion, task) == 1.0

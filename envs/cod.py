@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
+from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
 
 DIRECTIONS = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0)}
 CODE_WORDS = ("ba", "ko", "mi", "nu", "pe", "ro", "su", "ti")  # each pack's 4 codes come from these
@@ -141,26 +141,27 @@ def position_metric(j: int):
     return RewardFunc(f"position_{j}", position, 0.0)
 
 
-class CodEnv:
+class CodEnv(EnvBase):
     config_class = CodEnvConfig
     restarts_context = True  # each task of a pack starts a fresh context: not one token sequence
     pays_per_step = True  # every solve turn is paid; the rubric's pack mean is a summary, not paid again
     action_stop = ("</moves>", "</hints>")
 
     def __init__(self, config: CodEnvConfig, name: str = "cod"):
-        self.config = config
-        self.name = name
-        self.max_turns = 2 * max(config.pack_size, config.eval_pack_size) - 1  # S solves and S−1 hints
+        super().__init__(config, name)
         self.rubric = Rubric([RewardFunc("solved", solved, 1.0),
                               *(position_metric(j) for j in range(max(config.pack_size, config.eval_pack_size)))])
+
+    @property
+    def max_turns(self) -> int:
+        return 2 * max(self.config.pack_size, self.config.eval_pack_size) - 1  # S solves and S−1 hints
 
     def _held_out(self, rule: dict[str, str]) -> bool:
         return zlib.crc32(f"{self.config.seed}:{rule_text(rule)}".encode()) % EVAL_SHARE == 0
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` packs of a split; a pack's rule decides its split, so the splits share no rule."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
+        check_split(split)
         size = self.config.pack_size if split == "train" else self.config.eval_pack_size
         draw = random.Random(f"{self.name}:{split}:{seed}:{self.config.seed}")
         tasks = []

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import random
 import sys
 import zlib
 from typing import Literal
@@ -25,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from data_contracts.formats import plain
 from envs.base import (
     NO_OUTCOME,
+    EnvBase,
     EnvFieldError,
     Outcome,
     RewardFunc,
@@ -33,6 +33,7 @@ from envs.base import (
     SingleTurn,
     SubPolicy,
     Task,
+    check_split,
 )
 from models.sampling import CONVERSATION_PREFIX, prompt_turns
 
@@ -114,17 +115,13 @@ def trl_reward(reward: RewardConfig, fn) -> RewardFunc:
     return RewardFunc(reward.name, score, reward.weight, with_ids=True)
 
 
-class DatasetEnv:
+class DatasetEnv(EnvBase):
     config_class = DatasetEnvConfig
-    restarts_context = False
-    pays_per_step = False
     max_turns = 1
-    action_stop = ()
     reads_data = True  # the stage gives it the rows of its dataset stages (use_rows)
 
     def __init__(self, config: DatasetEnvConfig, name: str = "dataset"):
-        self.config = config
-        self.name = name
+        super().__init__(config, name)
         funcs = []
         for i, reward in enumerate(config.rewards):
             try:
@@ -158,13 +155,12 @@ class DatasetEnv:
                     info={"columns": extra, "prompt_turns": turns})
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
+        check_split(split)
         pool = self.rows[split]
         if not pool:
             raise ValueError(f"env {self.name}: no {split} rows (is its dataset stage an input of this stage?)")
         order = list(pool)
-        random.Random(f"{self.name}:{split}:{seed}").shuffle(order)
+        self.draw(split, seed).shuffle(order)
         return [order[i % len(order)] for i in range(n)]
 
     def all_tasks(self) -> list[Task]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, draw_split, play_oracle
+from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, SubPolicy, Task
 from envs.openclaw_families import GeneratedClawTasks, request
 from envs.openclaw_graders import check_grader
 from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
@@ -195,16 +195,12 @@ def tool_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> f
     return outcome["tool_errors"]
 
 
-class OpenClawEnv:
+class OpenClawEnv(CatalogueEnv):
     config_class = OpenClawEnvConfig
-    restarts_context = False
-    pays_per_step = False
     action_stop = ("</tool>",)
 
     def __init__(self, config: OpenClawEnvConfig, name: str = "openclaw"):
-        self.config = config
-        self.name = name
-        self.max_turns = config.max_turns
+        super().__init__(config, name)
         root = Path(config.tasks) if config.tasks is not None else DATA
         if not (root / "tasks").is_dir():
             raise ValueError(f"{root}: no tasks/ folder of task files")
@@ -219,14 +215,6 @@ class OpenClawEnv:
             RewardFunc("tool_errors", tool_errors, 0.0),
         ])
 
-    def all_tasks(self) -> list[Task]:
-        return list(self.catalogue)
-
-    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        """`n` tasks of a split in a seeded order, cycling through the split when `n` exceeds it."""
-        return draw_split(self.catalogue, split, n, f"{self.name}:{split}:{seed}",
-                          f"the {split} split of {self.name} has no tasks")
-
     def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode:
         """A fresh sandbox holding the task's files and the skill folders (SandboxUnavailable propagates)."""
         wall = min(self.config.sandbox.wall_seconds, float(task.info["timeout_seconds"]))
@@ -237,10 +225,6 @@ class OpenClawEnv:
 
     def oracle_actions(self, task: Task) -> list[str]:
         return list(task.info["oracle"])
-
-    def reference_completion(self, task: Task) -> str:
-        """The oracle's transcript, played through a real episode (and sandbox)."""
-        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return outcome["graded"] == 1.0

@@ -21,7 +21,7 @@ from typing import Callable, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split, play_oracle
+from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
 
 FAMILIES = ("count", "lookup", "sum", "largest", "first", "needle", "ask", "mentions")
@@ -254,20 +254,18 @@ def outcome_metric(key: str) -> Callable[..., float]:
     return read
 
 
-class RlmEnv:
+class RlmEnv(CatalogueEnv):
     config_class = RlmEnvConfig
-    restarts_context = False
-    pays_per_step = False
     action_stop = ("</repl>",)
     oracle_llm = staticmethod(oracle_llm)  # what the oracle's llm_query calls must answer for it to be right
 
     def __init__(self, config: RlmEnvConfig, name: str = "rlm"):
-        self.config, self.name, self.max_turns = config, name, config.max_turns
+        super().__init__(config, name)
         self.rubric = Rubric([RewardFunc(key, outcome_metric(key), 1.0 if key == "correct" else 0.0)
                               for key in ("correct", "answered", "llm_calls", "cells")])
 
     @functools.cached_property
-    def _catalogue(self) -> list[Task]:
+    def catalogue(self) -> list[Task]:
         return [self._task(index) for index in range(self.config.tasks)]
 
     def _task(self, index: int) -> Task:
@@ -279,14 +277,6 @@ class RlmEnv:
                     info={"family": family, "seed": seed, "context_chars": chars, "code": generated.code,
                           "split": "eval" if index // len(FAMILIES) % EVAL_SHARE == 0 else "train"})
 
-    def all_tasks(self) -> list[Task]:
-        return list(self._catalogue)
-
-    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        """`n` tasks of a split; past its size, the split again in another seeded order."""
-        return draw_split(self._catalogue, split, n, f"{self.name}:{split}:{seed}",
-                          f"the {split} split of {self.name} has no tasks")
-
     def context(self, task: Task) -> str:
         return generate(task.info["family"], task.info["seed"], task.info["context_chars"]).context
 
@@ -296,10 +286,6 @@ class RlmEnv:
     def oracle_actions(self, task: Task) -> list[str]:
         """Compute the answer into `n` in one cell (the `ask` family reads a note with llm_query), then FINAL_VAR(n)."""
         return [ORACLE_CELL.format(code=task.info["code"]), ORACLE_FINAL]
-
-    def reference_completion(self, task: Task) -> str:
-        """The oracle's transcript, played through a real episode (sub-calls answered by `oracle_llm`)."""
-        return play_oracle(self, task, self.oracle_llm)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return outcome_metric("correct")(completion, task, outcome) == 1.0

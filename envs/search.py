@@ -11,7 +11,6 @@ questions need two searches ("where was the founder of X born?").
 from __future__ import annotations
 
 import os
-import random
 import re
 import sqlite3
 import string
@@ -22,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, play_oracle
+from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
 from envs.search_corpus import Corpus, Passage, corpus
 
 PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"
@@ -152,16 +151,12 @@ class SearchEpisode:
         return NO_OUTCOME
 
 
-class SearchEnv:
+class SearchEnv(EnvBase):
     config_class = SearchEnvConfig
-    restarts_context = False
-    pays_per_step = False
     action_stop = ("</search>",)
 
     def __init__(self, config: SearchEnvConfig, name: str = "search"):
-        self.config = config
-        self.name = name
-        self.max_turns = config.max_turns
+        super().__init__(config, name)
         self.rubric = Rubric([
             RewardFunc("correct", exact_match, 1.0),
             RewardFunc("format", format_ok, config.format_weight),
@@ -188,15 +183,14 @@ class SearchEnv:
         return self._pool
 
     def split_tasks(self, split: str) -> list[Task]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"unknown split {split!r}")
+        check_split(split)
         held_out = split == "eval"
         return [t for t in self._task_pool() if (zlib.crc32(t.prompt.encode()) % EVAL_SHARE == 0) == held_out]
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split in seeded order, cycling when the split is smaller (repeats get a new id)."""
         pool = self.split_tasks(split)
-        random.Random(f"{self.name}:{split}:{seed}").shuffle(pool)
+        self.draw(split, seed).shuffle(pool)
         if n and not pool:
             raise ValueError(f"{self.name}: no {split} task passes its retrieval check (top_k={self.config.top_k})")
         tasks = []
@@ -214,10 +208,6 @@ class SearchEnv:
     def oracle_actions(self, task: Task) -> list[str]:
         """The reference searches (one per hop), then the answer."""
         return [SEARCH.format(query=query) for query in task.info["queries"]] + [ANSWER.format(answer=task.answer)]
-
-    def reference_completion(self, task: Task) -> str:
-        """The oracle's transcript, played through a real episode."""
-        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return exact_match(completion, task) == 1.0

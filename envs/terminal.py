@@ -23,8 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from envs.base import (NO_OUTCOME, EnvFieldError, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, draw_split,
-                       play_oracle)
+from envs.base import NO_OUTCOME, CatalogueEnv, EnvFieldError, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits
 from envs.terminal_families import GeneratedTerminalTasks
 from envs.terminal_tasks import executables, generated_task, load_tasks, shown, solution_commands, task_files
@@ -120,20 +119,16 @@ class TerminalEnvConfig(BaseModel):
         return self
 
 
-class TerminalEnv:
+class TerminalEnv(CatalogueEnv):
     config_class = TerminalEnvConfig
-    restarts_context = False
-    pays_per_step = False
     action_stop = ("</bash>",)
 
     def __init__(self, config: TerminalEnvConfig, name: str = "terminal"):
-        self.config = config
-        self.name = name
-        self.max_turns = config.max_turns
+        super().__init__(config, name)
         self.folder = Path(config.tasks) if config.tasks is not None else DATA
         generated = config.generated
-        self._tasks = load_tasks(self.folder) if generated is None else generated.catalogue(generated_task)
-        for task in self._tasks:
+        self.catalogue = load_tasks(self.folder) if generated is None else generated.catalogue(generated_task)
+        for task in self.catalogue:
             if len(self.oracle_actions(task)) <= self.max_turns:
                 continue
             if generated is not None:
@@ -144,13 +139,8 @@ class TerminalEnv:
         self.rubric = Rubric([RewardFunc("tests", tests_passed, 1.0), RewardFunc("commands", commands_issued, 0.0),
                               RewardFunc("command_errors", command_errors, 0.0)])
 
-    def all_tasks(self) -> list[Task]:
-        return list(self._tasks)
-
-    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        """`n` tasks of a split in a seeded order, cycling (reshuffled each pass) when n exceeds it."""
-        return draw_split(self._tasks, split, n, f"{self.name}:{split}:{seed}",
-                          f"{shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)")
+    def no_tasks(self, split: str) -> str:
+        return f"{shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)"
 
     def limits(self, task: Task) -> SandboxLimits:
         """The config's sandbox limits, lowered by the task's own (agent timeout, memory, storage)."""
@@ -166,10 +156,6 @@ class TerminalEnv:
         commands = (task.info["solution"] if "path" not in task.info else
                     solution_commands(Path(task.info["path"]) / "solution" / "solve.sh"))
         return [CALL.format(command=command) for command in commands] + [DONE]
-
-    def reference_completion(self, task: Task) -> str:
-        """The oracle's transcript, played through a real episode (its sandbox included)."""
-        return play_oracle(self, task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return "tests_passed" in outcome and outcome["tests_passed"] == 1.0

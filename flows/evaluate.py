@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
@@ -27,7 +28,6 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
 from flows.spec_data import env_inputs
 from flows.stage_requests import new_run_id, stage_request
-from flows.triggers import first_run_of_event
 from tasks.request import StageRequest
 from tasks.runtime.launch import warm_up
 from tasks.runtime.runner import run_stage, stage_task_options
@@ -39,6 +39,26 @@ DUPLICATE_DELIVERY = "a second delivery of event"
 
 class EvaluationInputError(Exception):
     """The checkpoint, store or settings of an evaluation are unusable; str() is one line."""
+
+
+# How far apart two deliveries of one event may start and still be told apart as one.
+REDELIVERY_WINDOW = timedelta(hours=1)
+
+
+def first_run_of_event(flow_run_id, event_id: str):
+    """The first-created run of this run's deployment whose `event_id` parameter is `event_id`
+    (this run itself, unless the event was delivered twice): ties go to the lower id, so two
+    deliveries started at once agree on which one evaluates."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+
+    with get_client(sync_client=True) as client:
+        this_run = client.read_flow_run(flow_run_id)
+        since = this_run.expected_start_time - REDELIVERY_WINDOW
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            deployment_id={"any_": [this_run.deployment_id]}, expected_start_time={"after_": since}), limit=200)
+    same_event = [run for run in runs if run.parameters.get("event_id") == event_id] or [this_run]
+    return min(same_event, key=lambda run: (run.created, str(run.id)))
 
 
 @dataclass
@@ -87,9 +107,8 @@ def evaluation_stage(spec: PipelineSpec, env_ids: list[str], checkpoint: str, n:
     max_new_tokens overridable)."""
     settings = spec.evaluation
     return EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[checkpoint], envs=env_ids,
-                         n=n or settings.n, max_new_tokens=max_new_tokens or settings.max_new_tokens,
-                         batch_size=settings.batch_size, sampled=settings.sampled, judge=settings.judge,
-                         seed=settings.seed)
+                         **{**settings.evaluation_settings(), "n": n or settings.n,
+                            "max_new_tokens": max_new_tokens or settings.max_new_tokens})
 
 
 def env_data_inputs(spec: PipelineSpec, env_ids: list[str], store: Store, manifest: dict) -> dict[str, str]:

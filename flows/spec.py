@@ -18,7 +18,7 @@ from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
 from tasks.common.trackers import missing_package
-from tasks.config import Defaults, FieldError, Judge, SampledEval, SpecRuleError, SpecView
+from tasks.config import Defaults, EvaluationSettings, FieldError, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
 
 
@@ -26,24 +26,18 @@ class SpecError(Exception):
     """A user mistake in a spec; str() is the one-line message."""
 
 
-class EvaluationConfig(BaseModel):
-    """How every new checkpoint of this pipeline is evaluated (the `evaluate` flow's settings).
+class EvaluationConfig(EvaluationSettings):
+    """How every new checkpoint of this pipeline is evaluated (the `evaluate` flow's settings): an
+    evaluate stage's settings over the envs listed, sampled accuracy off unless asked.
 
     `on_new_checkpoint`: with a Prefect server, the served `evaluate-on-checkpoint` deployment
     evaluates on the checkpoint event; without one (ephemeral mode) the pipeline flow
     evaluates each new checkpoint inline, after the stage that made it.
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     on_new_checkpoint: bool = False
     envs: list[str] | None = Field(None, min_length=1)  # env ids of the spec; None: all of them
-    n: int = Field(200, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0)
-    sampled: SampledEval | None = None  # also sampled accuracy (a second pass over the tasks)
-    judge: Judge | None = None  # also a judge model's verdict on each greedy answer
-    seed: int = 0
+    sampled: SampledEval | None = None  # a second pass over the tasks doubles the cost of every checkpoint's
 
 
 class WorkersConfig(BaseModel):
@@ -102,28 +96,30 @@ class PipelineSpec(BaseModel):
         return self.defaults.model_copy(update=own)
 
 
+# the tags discriminated unions put in an error's location: a stage's or env's `kind`, a rollout's
+# `backend` (local when the mapping names none)
+UNION_TAGS = (("kind", None), ("backend", "local"))
+
+
 def _loc_to_path(loc: tuple, raw: dict) -> str:
     """Pydantic error location -> `stages[3].policy`, dropping union tags."""
     parts: list[str] = []
-    for i, item in enumerate(loc):
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
+    node = raw
+    for item in loc:
+        if _is_tag(node, item):
             continue
-        # discriminated unions insert the tag (e.g. 'sft') after the list index / dict key
-        if i >= 2 and loc[i - 2] in ("stages", "envs") and _is_tag(raw, loc[: i], item):
-            continue
-        parts.append(f".{item}" if parts else str(item))
+        parts.append(f"[{item}]" if isinstance(item, int) else f".{item}" if parts else str(item))
+        try:
+            node = node[item]
+        except (KeyError, IndexError, TypeError):
+            node = None
     return "".join(parts)
 
 
-def _is_tag(raw: dict, container_loc: tuple, item) -> bool:
-    node = raw
-    for key in container_loc:
-        try:
-            node = node[key]
-        except (KeyError, IndexError, TypeError):
-            return False
-    return isinstance(node, dict) and node.get("kind") == item
+def _is_tag(node, item) -> bool:
+    """Whether `item` is the union tag of the mapping `node` rather than one of its keys."""
+    return isinstance(node, dict) and isinstance(item, str) and item not in node and \
+        any(node.get(key, default) == item for key, default in UNION_TAGS)
 
 
 def _format_validation_error(error: ValidationError, raw: dict) -> str:
@@ -132,11 +128,15 @@ def _format_validation_error(error: ValidationError, raw: dict) -> str:
     kind = first["type"]
     if kind == "extra_forbidden":
         return f"{path}: unknown key"
-    if kind == "union_tag_invalid":
-        expected = first.get("ctx", {}).get("expected_tags", "")
-        return f"{path}.kind: unknown kind {first['input'].get('kind')!r} (expected one of {expected})"
-    if kind == "union_tag_not_found":
-        return f"{path}.kind: missing"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        context = first.get("ctx", {})
+        tag = context.get("discriminator", "'kind'").strip("'").removesuffix("_of()")  # `kind`, or `backend_of()`
+        if not isinstance(first["input"], dict):
+            return f"{path}: expected a mapping with a {tag}, got {first['input']!r}"
+        if kind == "union_tag_not_found":
+            return f"{path}.{tag}: missing"
+        expected = context.get("expected_tags", "")
+        return f"{path}.{tag}: unknown {tag} {context.get('tag')!r} (expected one of {expected})"
     if kind == "missing":
         return f"{path}: missing"
     return f"{path}: {first['msg']} (got {first['input']!r})" if "input" in first else f"{path}: {first['msg']}"

@@ -6,38 +6,16 @@ deployments/prefect.yaml declares the same trigger for `prefect deploy` onto a w
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from tasks.runtime.events import CHECKPOINT_CREATED, RESOURCE_PREFIX
 
 EVALUATE_DEPLOYMENT = "evaluate-on-checkpoint"
 # The event's payload becomes the evaluation flow's parameters (storage options as JSON text:
 # a template renders to a string), and the event's id: Prefect delivers an event at least once, and
-# a second delivery's run steps aside for the first (`first_run_of_event`).
+# a second delivery's run steps aside for the first (flows/evaluate.py: `first_run_of_event`).
 TRIGGER_PARAMETERS = {"checkpoint_ref": "{{ event.payload.ref }}", "store": "{{ event.payload.store }}",
                       "storage_options": "{{ event.payload.storage_options | tojson }}",
                       "event_id": "{{ event.id | string }}"}
 TRIGGER_MATCH = {"prefect.resource.id": f"{RESOURCE_PREFIX}*", "posttrain.evaluate": "true"}
-
-
-# How far apart two deliveries of one event may start and still be told apart as one.
-REDELIVERY_WINDOW = timedelta(hours=1)
-
-
-def first_run_of_event(flow_run_id, event_id: str):
-    """The first-created run of this run's deployment whose `event_id` parameter is `event_id`
-    (this run itself, unless the event was delivered twice): ties go to the lower id, so two
-    deliveries started at once agree on which one evaluates."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter
-
-    with get_client(sync_client=True) as client:
-        this_run = client.read_flow_run(flow_run_id)
-        since = this_run.expected_start_time - REDELIVERY_WINDOW
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            deployment_id={"any_": [this_run.deployment_id]}, expected_start_time={"after_": since}), limit=200)
-    same_event = [run for run in runs if run.parameters.get("event_id") == event_id] or [this_run]
-    return min(same_event, key=lambda run: (run.created, str(run.id)))
 
 
 def checkpoint_trigger():

@@ -172,7 +172,7 @@ class StageBase(BaseModel):
         every prompt group holds two completions, sampled ones among them."""
 
     def endpoints(self) -> list[tuple[str, object]]:
-        """(field, config) of the servers the stage talks to: a `rollout` server (Rollout), a teacher
+        """(field, config) of the servers the stage talks to: a `rollout` server (ServerRollout), a teacher
         or a judge (Endpoint); what `posttrain validate --check-endpoints` checks."""
         return []
 
@@ -205,44 +205,6 @@ class Judge(Endpoint):
     """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/common/judge.py)."""
 
     max_tokens: int = Field(8, gt=0)
-
-
-class Rollout(BaseModel):
-    """Where a stage's episodes decode: `local`, the stage's own engine, or `server`, an inference
-    server's /v1/completions, token ids in and out (vLLM >= 0.10.2 or `posttrain serve-model`;
-    tasks/common/server_policy.py). An rl stage publishes its weights to the server every
-    `sync_every` optimizer steps (tasks/common/weight_sync.py), saved under `sync_folder`, a folder
-    the server reads (serve-model's --lora-folder)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["local", "server"] = "local"
-    endpoint: str | None = Field(None, pattern=r"^https?://\S+$")  # base URL, ending in /v1
-    model: str | None = None  # the name the server serves the stage's input checkpoint under
-    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
-    sync_every: int = Field(1, ge=1)
-    sync_folder: str | None = None
-
-    @model_validator(mode="after")
-    def _complete(self):
-        server_fields = [name for name in ("endpoint", "model", "api_key_env", "sync_folder")
-                         if getattr(self, name) is not None]
-        if self.backend == "local" and server_fields:
-            raise ValueError(f"{server_fields[0]} is for backend server (backend is local)")
-        if self.backend == "server" and (self.endpoint is None or self.model is None):
-            raise ValueError("backend server needs endpoint and model")
-        return self
-
-    def describe(self) -> str:
-        return f"{self.model} at {self.endpoint}"
-
-    def keyed(self, params: dict, server_only: tuple[str, ...] = ()) -> dict:
-        """A stage's cache-key params with this rollout config in them: what decides the rows (backend,
-        model, sync interval), not where the server is; a local rollout leaves the rollout field (and
-        `server_only` fields) out altogether, so keys made before these fields existed hold."""
-        if self.backend == "local":
-            return {key: value for key, value in params.items() if key not in ("rollout", *server_only)}
-        return {**params, "rollout": self.model_dump(include={"backend", "model", "sync_every"})}
 
 
 # what drawing a report's curves imports (~0.5 s, then ~1 s for the first figure): loaded once by
@@ -385,3 +347,23 @@ class SampledEval(BaseModel):
 
     temperature: float = Field(0.7, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+
+
+class EvaluationSettings(BaseModel):
+    """What an evaluation plays: `n` eval tasks per env, greedy episodes (and sampled ones, with
+    `sampled`) of at most `max_new_tokens` an action, decoded `batch_size` at a time, each greedy
+    answer judged too with `judge`. The fields an evaluate stage and the spec's `evaluation:` (the
+    evaluation of every new checkpoint) share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(200, gt=0)
+    max_new_tokens: int = Field(64, gt=0)
+    batch_size: int = Field(64, gt=0)
+    sampled: SampledEval | None = SampledEval()  # also sampled accuracy (a second pass over the tasks)
+    judge: Judge | None = None  # also a judge model's verdict on every greedy answer
+    seed: int = 0
+
+    def evaluation_settings(self) -> dict:
+        """These fields' values, to build another evaluation with the same settings."""
+        return {name: getattr(self, name) for name in EvaluationSettings.model_fields}

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from envs import sandbox_cgroup, sandbox_seccomp
+from envs.sandbox import cgroup as sandbox_cgroup
+from envs.sandbox import seccomp as sandbox_seccomp
 from envs.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
-from envs.sandbox_launch import GRADER_BYTES, MB, SHM_BYTES, TMP_BYTES, memory_bound
+from envs.sandbox.launch import GRADER_BYTES, MB, SHM_BYTES, TMP_BYTES, memory_bound
 from envs.terminal import DATA, TerminalEnv, TerminalEnvConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """`posttrain serve-model` under attack: each request a hostile or broken client could send, sent to
-the real server on 127.0.0.1, and the harmless answer it gets (models/serving_limits.py): a JSON
+the real server on 127.0.0.1, and the harmless answer it gets (models/serving/limits.py): a JSON
 error in OpenAI's shape naming the field, a clamped budget, a dropped connection, a 503 in time;
 never a 500, a traceback or a hang. Most go to the session's server (conftest.base_url); the
 deadlines are tried on a second server of the same checkpoint with small ones."""
@@ -14,7 +14,7 @@ import httpx
 import pytest
 from test_serve_model import NAME, running_app, trained_checkpoint
 
-from models.serving_limits import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP, Limits
+from models.serving.limits import MAX_CONTENT_CHARS, MAX_MESSAGES, MAX_STOP, Limits
 
 TIGHT = Limits(read_timeout=1.0, queue_timeout=0.5)
 HI = [{"role": "user", "content": "what is 2+3?"}]
@@ -24,7 +24,7 @@ HI = [{"role": "user", "content": "what is 2+3?"}]
 def tight():
     """The checkpoint behind a server with 1 s to read a request and 0.5 s to wait for the engine;
     yields (base URL, app)."""
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     app = make_app(trained_checkpoint(), NAME, limits=TIGHT)
     with running_app(app) as url:
@@ -68,7 +68,7 @@ def answer(sock: socket.socket) -> tuple[int, dict]:
 def test_a_huge_max_tokens_is_clamped_to_the_context(base_url):
     from models.loading import load_tokenizer
     from models.sampling import chat_prompt
-    from models.serving_requests import ChatRequest
+    from models.serving.requests import ChatRequest
 
     assert ChatRequest(model=NAME, messages=HI, max_tokens=2**200).sampling(room=40).max_new_tokens == 40
     prompt = "1 " * 248
@@ -204,7 +204,7 @@ def hold(lock: threading.Lock, seconds: float) -> None:
 def test_connections_past_the_cap_get_503_and_the_cap_frees_with_them():
     """Many idle connections (each of which may be a 1 MiB body in waiting) are capped: past
     `max_connections` a request is turned away at once, and the server serves again when they go."""
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     limits = Limits(read_timeout=1.0, queue_timeout=0.5, max_connections=2)
     with running_app(make_app(trained_checkpoint(), NAME, limits=limits)) as base_url:
@@ -218,7 +218,7 @@ def test_connections_past_the_cap_get_503_and_the_cap_frees_with_them():
 
 
 def test_a_request_past_its_deadline_gets_504_and_a_gone_client_is_never_decoded():
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     limits = Limits(read_timeout=5.0, queue_timeout=60.0, request_timeout=0.5)
     app = make_app(trained_checkpoint(), NAME, limits=limits)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from models.rl_losses import cod_advantages, cod_returns, cod_slots
-from tasks.common.rl_batch import cod_kinds, training_rows
+from tasks.stages.rl.batch import cod_kinds, training_rows
 from tasks.common.rollouts import TurnRecord
 from tasks.stages.rl import RlStage
 

@@ -128,16 +128,16 @@ def test_splits_hold_different_rules_and_eval_packs_are_longer():
 
 
 def test_scored_packs_are_paid_per_solve_and_credited_per_slot(tokenizer):
-    from envs.doom import DoomLoopDetector
-    from tasks.common.rl_batch import training_rows
-    from tasks.common.rl_metrics import batch_metrics
-    from tasks.stages.rl import RlStage, score_trajectory
+    from tasks.stages.rl.batch import training_rows
+    from tasks.stages.rl.metrics import batch_metrics
+    from tasks.stages.rl import RlStage
+    from tasks.stages.rl.scoring import score_trajectory
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=1, algorithm="steppo", credit="cod")
     task = ENV.tasks("train", 1, 0)[0]
     oracle = ENV.oracle_actions(task)
     group = play(tokenizer, ENV, [task, task], [oracle, ["<moves>zz</moves>", *oracle[1:]]])
-    scored = [score_trajectory(t, ENV, ENV.rubric, stage, DoomLoopDetector()) for t in group]
+    scored = [score_trajectory(t, ENV, stage) for t in group]
     # the rubric's pack mean is not paid again on top of the solve turns
     assert scored[0].step_rewards == [1.0, 0.0] * 3 + [1.0] and scored[1].step_rewards[0] == 0.0
     assert scored[0].reward == 4.0 and scored[0].correct and not scored[1].correct
@@ -162,7 +162,8 @@ def rl_context(tmp_path, envs):
 
 
 def test_rl_refuses_grpo_on_restarted_contexts(tmp_path):
-    from tasks.stages.rl import RlStage, run
+    from tasks.stages.rl import RlStage
+    from tasks.stages.rl.stage import run
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"packs": 1.0}, steps=1)
     with pytest.raises(ValueError, match="env 'packs' restarts contexts \\(cod\\); use algorithm: steppo"):
@@ -172,7 +173,8 @@ def test_rl_refuses_grpo_on_restarted_contexts(tmp_path):
 def test_steppo_with_cod_credit_runs_and_logs_reward_by_position(tmp_path):
     import json
 
-    from tasks.stages.rl import RlStage, run
+    from tasks.stages.rl import RlStage
+    from tasks.stages.rl.stage import run
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=2, algorithm="steppo", credit="cod",
                     prompts_per_step=2, group_size=2, max_tokens=12)

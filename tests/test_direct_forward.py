@@ -28,7 +28,7 @@ def right_padded(vocab: int):
 
 
 def prompt_then_completion(vocab: int):
-    """As tasks/common/rl_batch.py lays rows out: left-padded prompts, right-padded completions,
+    """As tasks/stages/rl/batch.py lays rows out: left-padded prompts, right-padded completions,
     positions counted over the real tokens."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(5, vocab, (5, 30), generator=generator)
@@ -163,10 +163,10 @@ def test_pairs_share_their_prompt_where_that_pads_less():
 
 @pytest.mark.parametrize("name, lora", [("tiny-llama", False), ("tiny-qwen3", True)])
 def test_an_rl_groups_prompt_once_gives_every_completion_whole(name, lora):
-    """RL rows as tasks/common/rl_batch.py pads them (left-padded prompts, a group's samples
+    """RL rows as tasks/stages/rl/batch.py pads them (left-padded prompts, a group's samples
     sharing theirs; right-padded completions): each distinct prompt computed once gives the
     log-probs, entropies and gradients of every row whole, temperature-scaled."""
-    from tasks.common.rl_batch import Row, padded_rows, shared_prompt_logps
+    from tasks.stages.rl.batch import Row, padded_rows, shared_prompt_logps
 
     model = preset(name)
     if lora:
@@ -197,7 +197,7 @@ def test_an_rl_groups_gradients_do_not_depend_on_threads():
     """A shared prompt's keys and values reach its completions by a gather whose backward sums the
     completions' gradients; the sum must not race across threads (advanced indexing's CPU backward
     adds with atomics, in an order that varied from run to run and made RL checkpoints differ)."""
-    from tasks.common.rl_batch import Row, padded_rows, shared_prompt_logps
+    from tasks.stages.rl.batch import Row, padded_rows, shared_prompt_logps
 
     model = preset("tiny-llama")
     generator = torch.Generator().manual_seed(3)

@@ -91,7 +91,7 @@ def test_a_finish_that_fails_still_finishes_the_others_and_raises(tokenizer):
 
 def test_sandboxes_started_from_several_threads_all_start():
     """Terminal episodes (a bwrap sandbox each) started and finished on the rollout loop's threads:
-    before envs/sandbox.py serialized the launch, about one start in 200 failed."""
+    before envs/sandbox/ (its __init__) serialized the launch, about one start in 200 failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from envs.terminal import TerminalEnv, TerminalEnvConfig

@@ -20,7 +20,7 @@ LAYERS = [
     ["artifacts"],
 ]
 PROJECT = {"flows", "tasks", "envs", "models", "data_contracts", "artifacts"}
-STANDALONE = {"envs.sandbox_agent", "envs.sandbox_proc", "envs.sandbox_worker"}  # copied into the sandbox
+STANDALONE = {"envs.sandbox.agent", "envs.sandbox.proc", "envs.sandbox.worker"}  # copied into the sandbox
 
 
 def layer_of(module: str) -> int | None:
@@ -73,10 +73,40 @@ def import_problems(path: Path, source: str) -> list[str]:
             where = f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}"
             if target is not None and target < own:
                 problems.append(f"{where} (a higher layer)")
-            elif importer.startswith("tasks.stages.") and imported.startswith("tasks.stages.") \
-                    and imported != importer:
+            elif stage_kind(importer) and stage_kind(imported) and stage_kind(imported) != stage_kind(importer):
                 problems.append(f"{where} (stage kinds do not import each other; share through tasks.common)")
     return problems
+
+
+def stage_kind(module: str) -> str | None:
+    """The stage kind a module belongs to (`tasks.stages.rl.update` -> `rl`), None outside tasks.stages."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["tasks", "stages"] and len(parts) > 2 else None
+
+
+def flows_import_cycles() -> list[list[str]]:
+    """Cycles among the modules of `flows` (its cli aside), function-level imports included."""
+    graph = {}
+    for path in project_files():
+        module = module_name(path)
+        if module.startswith("flows.") and not module.startswith("flows.cli"):
+            graph[module] = {imported for _, imported in imported_modules(path, path.read_text())
+                             if imported.startswith("flows.") and not imported.startswith("flows.cli")}
+    cycles, done = [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(path[path.index(module):] + [module])
+            return
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    return cycles
 
 
 def test_every_project_module_is_in_a_layer():
@@ -93,3 +123,16 @@ def test_the_check_sees_an_upward_import():
     probe = "def f():\n    from tasks.common.rollouts import roll_out\n"
     assert import_problems(ROOT / "envs" / "_layer_probe.py", probe) == \
         ["envs/_layer_probe.py:2: envs._layer_probe imports tasks.common.rollouts (a higher layer)"]
+
+
+def test_flows_import_no_cycle():
+    """flows/triggers.py imports the flows it serves; they do not import it back."""
+    assert flows_import_cycles() == []
+
+
+def test_a_package_kind_imports_its_own_modules_not_another_kind():
+    probe = ROOT / "tasks" / "stages" / "rl" / "_probe.py"
+    assert import_problems(probe, "from tasks.stages.rl.batch import Row\n") == []
+    assert import_problems(probe, "from tasks.stages.sft import run\n") == \
+        ["tasks/stages/rl/_probe.py:1: tasks.stages.rl._probe imports tasks.stages.sft "
+         "(stage kinds do not import each other; share through tasks.common)"]

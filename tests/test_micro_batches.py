@@ -11,7 +11,7 @@ from models.loading import enable_activation_checkpointing, load_tokenizer
 from models.presets import materialize
 from models.rl_losses import grpo_loss, loss_denominator
 from tasks.common.encoding import Example, collate
-from tasks.common.rl_batch import Row, completion_logps, padded_rows
+from tasks.stages.rl.batch import Row, completion_logps, padded_rows
 from tasks.common.training import Learner
 
 

@@ -60,20 +60,19 @@ def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
 
 
 def test_generate_writes_whole_episodes_with_complementary_masks():
-    from envs.doom import DoomLoopDetector
     from models.config import ModelConfig
     from models.loading import load_model
     from tasks.common.rollouts import LocalPolicy
-    from tasks.stages.generate import GenerateStage, episode_rows
+    from tasks.stages.generate import GenerateStage, episode_groups, rollout_rows
 
     model = LocalPolicy(load_model(materialize("tiny-llama"), ModelConfig()), TOKENIZER)
     stage = GenerateStage(kind="generate", id="g", policy="sft", env="calc", n=2, samples=2, greedy=1, max_tokens=8)
     tasks = ENV.tasks("train", 2, 0)
-    rows = episode_rows(ENV, tasks, model, TOKENIZER, stage, DoomLoopDetector())
+    rows = rollout_rows(ENV, episode_groups(ENV, tasks, model, TOKENIZER, stage), stage)
     assert [row["mode"] for row in rows] == ["sampled", "sampled", "greedy"] * 2
     assert [row["prompt_id"] for row in rows] == [tasks[0].id] * 3 + [tasks[1].id] * 3
     for row in rows:
-        assert len(row["tokens"]) == len(row["loss_mask"]) == len(row["env_mask"]) > 0
+        assert len(row["tokens"]) == len(row["loss_mask"]) == len(row["env_mask"]) == len(row["logprobs"]) > 0
         assert all(a + b == 1 for a, b in zip(row["loss_mask"], row["env_mask"]))
         assert row["turns"] >= 1 and row["finish_reason"] in ("stop", "length")
 

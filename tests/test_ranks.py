@@ -25,7 +25,6 @@ def workloads(out_dir: str) -> dict:
     in every process; each process writes what it made of its share and what it ended up with)."""
     from artifacts.store import Store
     from envs.arith import ArithEnv, ArithEnvConfig
-    from envs.doom import DoomLoopDetector
     from models.config import ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
@@ -35,7 +34,9 @@ def workloads(out_dir: str) -> dict:
     from tasks.stages.evaluate import EvaluateStage, evaluate_policy
     from tasks.stages.generate import GenerateStage
     from tasks.stages.generate import run as generate
-    from tasks.stages.rl import RlStage, sample_groups, scored_data, step_tasks
+    from tasks.stages.rl import RlStage
+    from tasks.stages.rl.scoring import scored_data
+    from tasks.stages.rl.stage import EpisodeSampler, step_tasks
 
     folder = materialize("tiny-llama")
     model, tokenizer = load_model(folder, ModelConfig()), load_tokenizer(folder)
@@ -44,8 +45,8 @@ def workloads(out_dir: str) -> dict:
     played = split_and_gather(WORKLOAD, lambda mine: [[i, os.environ.get("RANK", "0")] for i in mine])
     stage = RlStage(kind="rl", id="rl", policy="p", envs={"arith": 1.0}, steps=1, group_size=2, max_tokens=8)
     picked = step_tasks({"arith": env.tasks("train", 64, 0)}, stage.envs, 3, 0, 0)
-    groups = sample_groups(LocalPolicy(model, tokenizer), tokenizer, {"arith": env}, {"arith": env.rubric}, picked,
-                           stage, 77, DoomLoopDetector())
+    groups = EpisodeSampler(stage, tokenizer, {"arith": env}, {}).sample_groups(LocalPolicy(model, tokenizer), picked,
+                                                                              77)
     evaluation = EvaluateStage(kind="evaluate", id="e", checkpoints=["p"], envs=["arith"], n=3, max_new_tokens=8,
                                sampled={"temperature": 1.0})
     evaluated, metrics = evaluate_policy(LocalPolicy(model, tokenizer), tokenizer, env, evaluation, "p")

@@ -5,10 +5,12 @@ import math
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from envs.doom import DoomLoopDetector, repetition_excess
+from envs.doom import repetition_excess
 from tasks.common.rollouts import Trajectory, TurnRecord
 from tasks.config import AntiDoom
-from tasks.stages.rl import RlStage, anti_doom_rubric, score_trajectory, step_tasks
+from tasks.stages.rl import RlStage
+from tasks.stages.rl.scoring import anti_doom_rubric, score_trajectory
+from tasks.stages.rl.stage import step_tasks
 
 ENV = ArithEnv(ArithEnvConfig(kind="arith", digits=2))
 
@@ -39,7 +41,7 @@ def test_anti_doom_reads_the_policy_actions_not_the_env_observations():
                             "<search>x</search>" + observation + answer, finished=True,
                             actions=["<search>x</search>", answer])
     stage = rl_stage(anti_doom=AntiDoom(penalty=0.5))
-    scored = score_trajectory(trajectory, ENV, ENV.rubric, stage, DoomLoopDetector())
+    scored = score_trajectory(trajectory, ENV, stage)
     assert scored.repetition == 0.0 and not scored.doom_loop
     assert repetition_excess(trajectory.text, 4, 0.3) > 0  # the transcript with the passages would be penalized
 
@@ -76,7 +78,7 @@ def test_rl_stage_trains_and_resumes_from_its_in_stage_checkpoint(tmp_path, caps
 
     from models.config import ModelConfig
     from models.loading import load_model
-    from tasks.stages.rl import run
+    from tasks.stages.rl.stage import run
 
     store, policy_ref = committed_policy(tmp_path)
     stage = rl_stage(steps=4, prompts_per_step=2, group_size=3, max_tokens=8, checkpoint_every=2, beta=0.04,
@@ -115,7 +117,7 @@ def read_history(outputs) -> list[dict]:
 def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_batch_reuse_and_micro_batches(tmp_path):
     from envs.calc import CalcEnvConfig
     from models.config import LoraConfig, ModelConfig
-    from tasks.stages.rl import run
+    from tasks.stages.rl.stage import run
 
     store, policy_ref = committed_policy(tmp_path)
     envs = {"arith": ENV.config, "calc": CalcEnvConfig(kind="calc", max_turns=3)}
@@ -134,7 +136,7 @@ def test_steppo_on_a_multi_turn_env_mix_with_lora_kl_batch_reuse_and_micro_batch
 
 def test_dynamic_sampling_draws_again_when_no_group_has_signal(tmp_path):
     from tasks.config import DynamicSampling, Overlong
-    from tasks.stages.rl import run
+    from tasks.stages.rl.stage import run
 
     store, policy_ref = committed_policy(tmp_path)
     # near-greedy sampling of the untrained model: every completion is the same loop, cut at 8 tokens, with the
@@ -160,12 +162,12 @@ def test_trace_validation_keeps_penalties_and_a_raised_reward_stays_nan():
 
     stage = rl_stage(anti_doom=AntiDoom(penalty=0.5))
     shaped = ENV.rubric
-    scored = score_trajectory(cut(looping), ENV, shaped, stage, DoomLoopDetector())
+    scored = score_trajectory(cut(looping), ENV, stage, shaped)
     assert not scored.valid_trace and scored.correct  # right answer, but the trace never ended
     assert scored.reward == pytest.approx(-0.5 * scored.repetition) and scored.repetition > 0
     raising = Rubric([*shaped.funcs, RewardFunc("judge", lambda c, t, o: 1 / 0, 1.0)])
-    assert math.isnan(score_trajectory(cut(looping), ENV, raising, stage, DoomLoopDetector()).reward)
+    assert math.isnan(score_trajectory(cut(looping), ENV, stage, raising).reward)
     unchecked = rl_stage(anti_doom=AntiDoom(penalty=0.5, validate_trace=False))
     # unchecked, the cut trace is paid for its answer (correct 1, format 0: the trailing checks break it)
-    assert score_trajectory(cut(looping), ENV, shaped, unchecked, DoomLoopDetector()).reward == pytest.approx(
+    assert score_trajectory(cut(looping), ENV, unchecked, shaped).reward == pytest.approx(
         1.0 - 0.5 * scored.repetition)

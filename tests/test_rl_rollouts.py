@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tasks.common.rl_rollouts import AheadRollouts
+from tasks.stages.rl.sources import AheadRollouts
 
 
 class ToySync:

@@ -7,9 +7,9 @@ import tempfile
 
 import pytest
 
-from envs import sandbox_launch
+from envs.sandbox import launch as sandbox_launch
 from envs.sandbox import INSTALL_HINT, Sandbox, SandboxLimits, SandboxUnavailable, _processes_of
-from envs.sandbox_launch import tmpfs_fstab
+from envs.sandbox.launch import tmpfs_fstab
 
 LIMITS = SandboxLimits(wall_seconds=5)
 

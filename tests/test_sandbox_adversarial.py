@@ -70,7 +70,7 @@ REFUSED = {
     "read /etc/passwd": "cat /etc/passwd",
     "read /etc/shadow": "cat /etc/shadow",
     "list /root": "ls /root",
-    "read the repo": f"cat {REPO}/envs/sandbox.py",
+    "read the repo": f"cat {REPO}/envs/sandbox/__init__.py",
     **{f"pid 1's {name}": f"ls /proc/1/{name}/ || cat /proc/1/{name}" for name in ("environ", "mem", "root", "fd")},
     "ptrace pid 1": "python3 -c 'import ctypes; raise SystemExit(ctypes.CDLL(None).ptrace(16, 1, 0, 0) != 0)'",
     "su": "su -c id root",

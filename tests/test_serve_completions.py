@@ -117,7 +117,7 @@ def test_a_stream_sends_tokens_while_the_engine_still_decodes():
     from test_serve_model import running_app
 
     from models.presets import materialize
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     app = make_app(materialize("tiny-llama"), "raw")  # untrained: it writes its whole budget
     batcher = app.state.served.batcher

@@ -46,7 +46,7 @@ def trained_checkpoint() -> Path:
 @contextmanager
 def running_server(folder: Path, name: str = NAME, limits=None):
     """models.serving's app under uvicorn on a free port, in a background thread; yields its base URL."""
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     with running_app(make_app(folder, name, limits=limits)) as url:
         yield url
@@ -58,7 +58,7 @@ def running_app(app):
     the header deadline), in a background thread on a free port; yields its base URL."""
     import uvicorn
 
-    from models.serving_limits import server_config
+    from models.serving.limits import server_config
 
     port = free_port()
     server = uvicorn.Server(server_config(app, app.state.limits, host="127.0.0.1", port=port))
@@ -222,7 +222,7 @@ def test_serve_model_input_errors_are_one_line(tmp_path):
 
     from artifacts.store import Store
     from flows.cli.serve_model import ServeModelInputError, serve_model
-    from models.serving_limits import Limits
+    from models.serving.limits import Limits
 
     store = Store(f"file://{tmp_path / 'store'}")
     (tmp_path / "rows").mkdir()
@@ -292,7 +292,7 @@ def test_a_lora_adapter_checkpoint_is_served_on_its_base_model(tmp_path):
     from models.loading import add_lora, load_model, load_tokenizer
     from models.presets import materialize
     from models.serving import ServedModel
-    from models.serving_requests import ChatRequest
+    from models.serving.requests import ChatRequest
 
     base = materialize("tiny-llama")
     adapter = add_lora(load_model(base, ModelConfig()), ModelConfig(lora={"r": 4, "alpha": 8}))
@@ -312,7 +312,7 @@ def test_the_listening_socket_is_tcp_so_connections_send_without_nagle_delays():
     import asyncio
     import socket
 
-    from models.serving_app import listening_socket
+    from models.serving.app import listening_socket
 
     with listening_socket("127.0.0.1", 0) as sock:
         assert sock.proto == socket.IPPROTO_TCP

@@ -72,7 +72,7 @@ def plain_openai_app():
     a plain OpenAI API or a vLLM older than 0.10.2 does)."""
     from fastapi import FastAPI
 
-    from models.serving_limits import Limits
+    from models.serving.limits import Limits
 
     app = FastAPI()
     app.state.limits = Limits()
@@ -139,7 +139,7 @@ def wait_for(condition, seconds: float = 30) -> None:
 def tight_server():
     from test_serve_model import trained_checkpoint
 
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     app = make_app(trained_checkpoint(), NAME)
     with running_app(app) as url:
@@ -226,7 +226,7 @@ def hostile_app(token_ids: list[int]):
     """A real server that answers every completion with these token ids (log-probs 0)."""
     from fastapi import FastAPI
 
-    from models.serving_limits import Limits
+    from models.serving.limits import Limits
 
     app = FastAPI()
     app.state.limits = Limits()

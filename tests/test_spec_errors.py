@@ -116,14 +116,28 @@ CASES = {
         "stages[3].envs.packs: env 'packs' (cod) restarts its context"),
     "rl server rollout without its model": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "server", "endpoint": "http://h:8000/v1"}}]},
-        "stages[3].rollout: Value error, backend server needs endpoint and model"),
+        "stages[3].rollout.model: missing"),
     "rl local rollout with an endpoint": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"endpoint": "http://h:8000/v1"}}]},
         "stages[3].rollout: Value error, endpoint is for backend server (backend is local)"),
     "rl server rollout without a sync folder": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "server", "endpoint": "http://h:8000/v1",
                                                                 "model": "m"}}]},
-        "stages[3]: Value error, rollout.sync_folder: an rl stage on a server publishes its weights there"),
+        "stages[3].rollout: Value error, sync_folder: an rl stage on a server publishes its weights there"),
+    "rl rollout of an unknown backend": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "gpu"}}]},
+        "stages[3].rollout.backend: unknown backend 'gpu' (expected one of 'local', 'server')"),
+    "rl rollout as a string": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": "server"}]},
+        "stages[3].rollout: expected a mapping with a backend, got 'server'"),
+    "evaluate server rollout with a sync folder": (
+        with_stage(2, rollout={"backend": "server", "endpoint": "http://h:8000/v1", "model": "m",
+                               "sync_folder": "/tmp/s"}),
+        "stages[2].rollout: Value error, sync_folder: only an rl stage publishes weights"),
+    "evaluate server rollout over two checkpoints": (
+        with_stage(2, checkpoints=["sft", "sft"], rollout={"backend": "server", "endpoint": "http://h:8000/v1",
+                                                            "model": "m"}),
+        "stages[2]: Value error, rollout: a server serves one model"),
     "rl asynchronous on the local engine": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"asynchronous": {"max_staleness": 1}}]},
         "stages[3]: Value error, asynchronous: needs rollout.backend server"),

@@ -39,7 +39,7 @@ def tracked(tmp_path_factory):
     """A 4-step rl stage reporting to every tracker (samples every 2 steps), run to its end, then
     run again, which resumes from its in-stage checkpoint at step 2 (as if killed after it).
     mlruns/ and wandb/ land in the orchestrator's working folder, here the temporary one."""
-    from tasks.stages.rl import run
+    from tasks.stages.rl.stage import run
 
     root = tmp_path_factory.mktemp("trackers")
     with pytest.MonkeyPatch.context() as patch:
@@ -183,7 +183,7 @@ def test_wandb_runs_offline_with_every_step_and_a_resume_keeps_the_run_id(tracke
 
 
 def test_a_tracker_that_fails_warns_once_and_the_stage_finishes(tmp_path):
-    from tasks.stages.rl import run
+    from tasks.stages.rl.stage import run
 
     store, policy_ref = committed_policy(tmp_path)
     stage = rl_stage(steps=2, prompts_per_step=1, group_size=2, max_tokens=4, samples_every=1)

@@ -12,7 +12,7 @@ from test_rl import ENV, committed_policy, read_history, rl_stage, stage_context
 
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
 from tasks.common.server_policy import ServerPolicy
-from tasks.common.weight_sync import WeightSync
+from tasks.stages.rl.weight_sync import WeightSync
 
 PROMPTS = [t.prompt for t in ARITH.tasks("eval", 4, 1)]
 
@@ -20,7 +20,7 @@ PROMPTS = [t.prompt for t in ARITH.tasks("eval", 4, 1)]
 @pytest.fixture(scope="module")
 def sync_server(tmp_path_factory):
     """serve-model on the SFT'd checkpoint with a LoRA folder and an API key; yields (url, app, folder)."""
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     folder = tmp_path_factory.mktemp("sync")
     app = make_app(trained_checkpoint(), NAME, lora_folder=folder, api_key="k3y")
@@ -76,7 +76,7 @@ def test_a_lora_sync_makes_the_server_answer_as_the_adapter_does(sync_server, tm
 def test_a_full_weight_sync_reloads_the_served_model(tmp_path):
     from models.config import ModelConfig
     from models.loading import load_model
-    from models.serving_app import make_app
+    from models.serving.app import make_app
 
     _, tokenizer = local_model()
     model = load_model(trained_checkpoint(), ModelConfig())
@@ -168,8 +168,8 @@ def test_an_rl_stage_decodes_on_the_server_and_the_server_ends_with_its_weights(
     from models.config import LoraConfig, ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
-    from models.serving_app import make_app
-    from tasks.stages.rl import run
+    from models.serving.app import make_app
+    from tasks.stages.rl.stage import run
 
     store, policy_ref = committed_policy(tmp_path)
     folder = tmp_path / "sync"

@@ -14,14 +14,14 @@ def check_endpoints(spec) -> int:
     """Check each endpoint of the spec's stages; how many were checked."""
     from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
     from tasks.common.server_policy import ServerPolicy
-    from tasks.config import Rollout
+    from tasks.common.rollout_backends import ServerRollout
 
     checked = 0
     for stage in spec.stages:
         for field, config in stage.endpoints():
             where = f"stages.{stage.id}.{field}"
             try:
-                if isinstance(config, Rollout):
+                if isinstance(config, ServerRollout):
                     ServerPolicy.of(config, None, where).check()
                 else:
                     EndpointPolicy.of(config, None, where).check_model()

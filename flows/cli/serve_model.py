@@ -1,7 +1,7 @@
 """`posttrain serve-model REF`: a committed checkpoint behind an OpenAI-compatible API.
 
 The checkpoint is fetched from the store (read in place from a local store) and served by
-models/serving.py under the ref's name unless told otherwise, so that a client, a teacher spec
+models/serving/ under the ref's name unless told otherwise, so that a client, a teacher spec
 (`teacher: {endpoint, model: REF}`) or an EndpointPolicy names exactly the artifact it talks to.
 It loads with the model config of the spec it was made from (dtype, LoRA base, device), as the
 pipeline's own evaluation loads it; `--device` overrides the spec's `model.device`.
@@ -17,7 +17,7 @@ from artifacts.store import Store, StoreError, first_line
 from flows.cli.common import open_store, resolve_ref
 from flows.spec import SpecError, checkpoint_spec
 from models.config import ModelConfig
-from models.serving_limits import Limits
+from models.serving.limits import Limits
 
 DEVICES = get_args(ModelConfig.model_fields["device"].annotation)  # auto, cpu
 
@@ -33,7 +33,7 @@ def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None
     `device` (auto | cpu; None: the spec's `model.device`), with runtime LoRA adapters from
     `lora_folder` and every /v1 route behind `api_key` when given; exit code."""
     from models.serving import model_config
-    from models.serving_app import ListenError, serve
+    from models.serving.app import ListenError, serve
 
     check_limits(limits or Limits())
     check_device(device)

@@ -83,7 +83,7 @@ def allow_served_stores(spec_path: str | None, store: str | None) -> None:
 
 def cmd_serve_model(args) -> int:
     from flows.cli.serve_model import ServeModelInputError, serve_model
-    from models.serving_limits import Limits
+    from models.serving.limits import Limits
 
     limits = Limits(args.max_body_bytes, args.read_timeout, args.queue_timeout, args.max_connections,
                     args.request_timeout, args.batch_window)
@@ -100,7 +100,7 @@ def cmd_serve_model(args) -> int:
 
 
 def add_serving_commands(commands) -> None:
-    from models.serving_limits import Limits
+    from models.serving.limits import Limits
 
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint (the evaluation flow, by hand), or a "
                                      "model behind an OpenAI-compatible endpoint")

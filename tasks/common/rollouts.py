@@ -141,6 +141,16 @@ class ScriptedPolicy:
         return self.respond(prompt)
 
 
+def single_turn(env_id: str, task: Task, prompt_ids: list[int], generation: Generation) -> Trajectory:
+    """A one-action episode from a completion decoded without the episode loop (generate's batched
+    single-turn path): the trajectory `roll_out` would have recorded for it."""
+    truncated = generation.finish_reason == "length"
+    turn = TurnRecord(prompt_ids, generation.token_ids, [], 0.0, truncated, action_logprobs=generation.logprobs,
+                      policy_version=generation.policy_version)
+    return Trajectory(env_id, task, prompt_ids, [turn], generation.text, finished=not truncated,
+                      actions=[generation.text])
+
+
 def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, *, seed: int = 0,
              on_finished=None, episode_seeds: list[int] | None = None) -> list[Trajectory]:
     """Play one episode of `env` per task (repeat a task for a group); returns their trajectories.

@@ -9,7 +9,7 @@ rows hold exactly the ids the server sampled and the behaviour policy's log-prob
 re-tokenised text. Multi-turn episodes continue from the ids, so env-written tokens stay what the
 env wrote (and masked).
 
-After a weight sync (tasks/common/weight_sync.py) requests name the new weights: the published
+After a weight sync (tasks/stages/rl/weight_sync.py) requests name the new weights: the published
 LoRA adapter's name, or, after a full-weight reload on serve-model, the same name and the server's
 `weights_version`. Every generation records the version that produced it.
 """
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from models.sampling import Generation, SamplingParams, before_stop, chat_prompt
 from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
-from tasks.common.rollouts import Context, LocalPolicy
+from tasks.common.rollouts import Context
 
 MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
 MAX_N = 64  # choices of one request (serve-model's cap)
@@ -155,15 +155,3 @@ def returned_tokens(base_url: str, choice, max_tokens: int, vocab: int | None = 
             isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
         raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
     return token_ids, [float(v) for v in logprobs]
-
-
-def rollout_policy(rollout, folder, tokenizer, ctx, batch_size: int = 64):
-    """The policy a stage's `rollout:` config names: the checkpoint in `folder` on the stage's own
-    engine (loaded here), or the server's (nothing loaded), checked before anything runs."""
-    if rollout.backend == "local":
-        from models.loading import load_model
-
-        return LocalPolicy(load_model(folder, ctx.model).to(ctx.device), tokenizer, batch_size)
-    from models.loading import vocab_size
-
-    return ServerPolicy.checked(rollout, tokenizer, vocab_size(folder))

@@ -158,7 +158,7 @@ def wait_for_child(process, messages: ChildMessages, stage_id: str, timeout: flo
 def gpu_slots(gpus: int):
     """Hold `gpus` slots of the global concurrency limit `gpu` while the stage runs, so stages wait
     for free GPUs instead of oversubscribing them. Without such a limit (a CPU machine, a server
-    nobody set up) this holds nothing: the limit is the operator's choice (README, GPU cluster)."""
+    nobody set up) this holds nothing: the limit is the operator's choice (docs/GPU.md, Running on a GPU cluster)."""
     if gpus == 0:
         return contextlib.nullcontext()
     from prefect.concurrency.sync import concurrency

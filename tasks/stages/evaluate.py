@@ -20,7 +20,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
-from envs.doom import DoomLoopDetector
 from models.loading import load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
@@ -29,12 +28,13 @@ from tasks.common.eval_report import unfinished_warnings, write_eval_report
 from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
+from tasks.common.rollout_backends import LocalRollout, Rollout
 from tasks.common.rollouts import roll_out
-from tasks.common.server_policy import rollout_policy
-from tasks.config import PLOT_MODULES, Judge, Rollout, SampledEval, StageBase
+from tasks.common.scoring import score_episode
+from tasks.config import PLOT_MODULES, EvaluationSettings, StageBase
 
 
-class EvaluateStage(StageBase):
+class EvaluateStage(StageBase, EvaluationSettings):
     """Held-out accuracy, format rate, doom-loop rate and length per checkpoint and env."""
 
     outputs = ("results", "report")
@@ -45,24 +45,14 @@ class EvaluateStage(StageBase):
     kind: Literal["evaluate"]
     checkpoints: list[str] = Field(min_length=1)
     envs: list[str] = Field(min_length=1)
-    n: int = Field(200, gt=0)
-    max_new_tokens: int = Field(64, gt=0)
-    batch_size: int = Field(64, gt=0)
-    sampled: SampledEval | None = SampledEval()
-    judge: Judge | None = None  # also a judge model's verdict on every greedy answer
-    seed: int = 0
     baseline: str | None = None  # paired gains against this checkpoint; None: each against the one before it
-    rollout: Rollout = Field(default_factory=Rollout)  # decode here, or on the server serving the one checkpoint
+    rollout: Rollout = Field(default_factory=LocalRollout)  # decode here, or on the server serving the one checkpoint
 
     @model_validator(mode="after")
-    def _one_served_checkpoint(self):
-        if self.rollout.backend == "server" and len(self.checkpoints) != 1:
-            raise ValueError("rollout: a server serves one model; evaluate one checkpoint per stage through it "
-                             f"(checkpoints has {len(self.checkpoints)})")
+    def _checkpoints(self):
+        self.rollout.check_checkpoints(len(self.checkpoints))
         if self.baseline is not None and self.baseline not in self.checkpoints:
             raise ValueError(f"baseline: {self.baseline!r} is not one of checkpoints ({', '.join(self.checkpoints)})")
-        if self.rollout.sync_folder is not None:
-            raise ValueError("rollout.sync_folder: only an rl stage publishes weights")
         return self
 
     def params(self) -> dict:
@@ -75,22 +65,19 @@ class EvaluateStage(StageBase):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
 
     def endpoints(self) -> list[tuple[str, object]]:
-        return [("judge", self.judge)] if self.judge is not None else []
+        return self.rollout.endpoints() + ([("judge", self.judge)] if self.judge is not None else [])
 
 
-def score_rows(env, trajectories, *, checkpoint: str, mode: str, detector: DoomLoopDetector) -> list[dict]:
+def score_rows(env, trajectories, *, checkpoint: str, mode: str) -> list[dict]:
     rows = []
     for trajectory in trajectories:
-        task, text = trajectory.task, trajectory.text
-        score = env.rubric.score(text, task, trajectory.outcome, trajectory.completion()[0])
+        task, episode = trajectory.task, score_episode(trajectory, env)
         rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
-                     "prompt": task.prompt, "answer": task.answer, "completion": text,
-                     "reward": score.total, "correct": env.is_correct(text, task, trajectory.outcome),
-                     "formatted": env.is_formatted(text, task, trajectory.outcome),
-                     "doom_loop": detector.is_loop(text, trajectory.truncated),
-                     "finish_reason": "length" if trajectory.truncated else "stop",
+                     "prompt": task.prompt, "answer": task.answer, "completion": trajectory.text,
+                     "reward": episode.reward, "correct": episode.correct, "formatted": episode.formatted,
+                     "doom_loop": episode.doom_loop, "finish_reason": "length" if trajectory.truncated else "stop",
                      "completion_tokens": trajectory.completion_tokens, "turns": len(trajectory.turns),
-                     "reward_errors": len(score.errors), "reward_not_applied": score.not_applied,
+                     "reward_errors": len(episode.score.errors), "reward_not_applied": episode.score.not_applied,
                      **{f"outcome_{key}": float(value) for key, value in trajectory.outcome.items()}})
     return rows
 
@@ -163,9 +150,9 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str,
 
     def play(mine: list[int]) -> list[list[dict]]:
         """[greedy row, sampled row (if asked)] of each task of this process's share."""
-        detector, own = DoomLoopDetector(), [tasks[i] for i in mine]
+        own = [tasks[i] for i in mine]
         greedy = score_rows(env, roll_out(policy, tokenizer, env, own, SamplingParams(stage.max_new_tokens)),
-                            checkpoint=label, mode="greedy", detector=detector)
+                            checkpoint=label, mode="greedy")
         if stage.judge is not None:
             judge_rows(greedy, stage.judge, tokenizer)
         sampled = [None] * len(own)
@@ -173,7 +160,7 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str,
             params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)
             sampled = score_rows(env, roll_out(policy, tokenizer, env, own, params,
                                                episode_seeds=[stage.seed + i for i in mine]),
-                                 checkpoint=label, mode="sampled", detector=detector)
+                                 checkpoint=label, mode="sampled")
         return [[g, s] for g, s in zip(greedy, sampled)]
 
     pairs = split_and_gather(len(tasks), play, device)
@@ -189,7 +176,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
         tokenizer = load_tokenizer(folder)
-        policy = rollout_policy(stage.rollout, folder, tokenizer, ctx, stage.batch_size)
+        policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
         metrics[checkpoint] = {}
         for env_id in stage.envs:
             began = time.monotonic()

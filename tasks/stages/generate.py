@@ -16,16 +16,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
-from envs.doom import DoomLoopDetector
 from models.loading import context_length, load_tokenizer, set_threads
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollouts import roll_out
-from tasks.common.server_policy import rollout_policy
-from tasks.config import ONE_SEQUENCE_ONLY, Rollout, SpecView, StageBase
+from tasks.common.rollout_backends import LocalRollout, Rollout
+from tasks.common.rollouts import Trajectory, roll_out, single_turn
+from tasks.common.scoring import score_episode
+from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
 
 
 class GenerateStage(StageBase):
@@ -48,14 +48,12 @@ class GenerateStage(StageBase):
     max_tokens: int = Field(64, gt=0)
     batch_size: int = Field(64, gt=0)
     seed: int = 0
-    rollout: Rollout = Field(default_factory=Rollout)  # decode here, or on an inference server
+    rollout: Rollout = Field(default_factory=LocalRollout)  # decode here, or on an inference server
 
     @model_validator(mode="after")
     def _some_completions(self):
         if self.samples + self.greedy < 1:
             raise ValueError("samples + greedy must be at least 1")
-        if self.rollout.sync_folder is not None:
-            raise ValueError("rollout.sync_folder: only an rl stage publishes weights")
         return self
 
     def params(self) -> dict:
@@ -66,6 +64,9 @@ class GenerateStage(StageBase):
 
     def stage_refs(self):
         return [("policy", self.policy, "checkpoint")]
+
+    def endpoints(self) -> list[tuple[str, object]]:
+        return self.rollout.endpoints()
 
     def check_spec(self, spec: SpecView) -> None:
         env = spec.envs[self.env]
@@ -103,50 +104,50 @@ def completions(policy, prompt_ids: list[list[int]], stage: GenerateStage,
             for i in range(len(prompt_ids))]
 
 
-def rollout_rows(env, tasks, prompt_ids, groups, stage: GenerateStage, detector: DoomLoopDetector) -> list[dict]:
-    rows = []
-    for task, prompt, group in zip(tasks, prompt_ids, groups):
-        for index, gen in enumerate(group):
-            score = env.rubric.score(gen.text, task, completion_ids=gen.token_ids)
-            rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index,
-                         "mode": "sampled" if index < stage.samples else "greedy", "prompt": task.prompt,
-                         "answer": task.answer, "completion": gen.text, "tokens": gen.token_ids,
-                         "logprobs": gen.logprobs, "finish_reason": gen.finish_reason,
-                         "total_tokens": len(prompt) + len(gen.token_ids), "reward": score.total,
-                         **{f"reward_{name}": value for name, value in score.rewards.items()},
-                         "reward_errors": len(score.errors), "correct": env.is_correct(gen.text, task),
-                         "doom_loop": detector.is_loop(gen.text, gen.finish_reason == "length")})
-    return rows
+def single_turn_groups(env, tasks, prompt_ids, groups) -> list[list[Trajectory]]:
+    """Each task's completions (`completions`) as the one-action episodes they are."""
+    return [[single_turn(env.name, task, prompt, generation) for generation in group]
+            for task, prompt, group in zip(tasks, prompt_ids, groups)]
 
 
-def episode_rows(env, tasks, policy, tokenizer, stage: GenerateStage, detector: DoomLoopDetector,
-                 report=lambda done: None, indices: list[int] | None = None) -> list[dict]:
-    """Rows of a multi-turn env: each completion is a whole episode played through the env (tool
-    calls, observations), with its loss mask (1 on the policy's tokens) and env mask; `report(done)`
-    as episodes end. `indices`: the tasks' places among the stage's (default 0, 1, …)."""
-    modes = ["sampled"] * stage.samples + ["greedy"] * stage.greedy
+def episode_groups(env, tasks, policy, tokenizer, stage: GenerateStage, report=lambda done: None,
+                   indices: list[int] | None = None) -> list[list[Trajectory]]:
+    """Each task's episodes (sampled ones, then greedy ones) played through the env (tool calls,
+    observations); `report(done)` as episodes end. `indices`: the tasks' places among the stage's
+    (default 0, 1, …)."""
     indices = indices if indices is not None else list(range(len(tasks)))
     sampled = roll_out(policy, tokenizer, env, [t for t in tasks for _ in range(stage.samples)],
                        SamplingParams(stage.max_tokens, stage.temperature, stage.top_p),
                        episode_seeds=sample_seeds(stage, indices), on_finished=report)
     greedy = roll_out(policy, tokenizer, env, tasks, SamplingParams(stage.max_tokens),
                       on_finished=lambda done: report(len(sampled) + done)) if stage.greedy else []
+    return [sampled[i * stage.samples:(i + 1) * stage.samples] + ([greedy[i]] * stage.greedy if greedy else [])
+            for i in range(len(tasks))]
+
+
+def rollout_rows(env, groups: list[list[Trajectory]], stage: GenerateStage) -> list[dict]:
+    """The dataset rows of each task's group: its episodes scored (`score_episode`), sampled ones
+    first. A multi-turn env's rows also carry the loss mask (1 on the policy's tokens), the env mask
+    and the number of turns; `logprobs` are the sampler's, 0 on the env's tokens."""
+    multi_turn = env.max_turns > 1
     rows = []
-    for i, task in enumerate(tasks):
-        group = sampled[i * stage.samples:(i + 1) * stage.samples] + [greedy[i]] * stage.greedy if greedy else \
-            sampled[i * stage.samples:(i + 1) * stage.samples]
-        for index, (mode, trajectory) in enumerate(zip(modes, group)):
+    for group in groups:
+        for index, trajectory in enumerate(group):
+            task, episode = trajectory.task, score_episode(trajectory, env)
             ids, mask = trajectory.completion()
-            score = env.rubric.score(trajectory.text, task, trajectory.outcome, trajectory.completion()[0])
-            rows.append({"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index, "mode": mode,
-                         "prompt": task.prompt, "answer": task.answer, "completion": trajectory.text,
-                         "tokens": ids, "loss_mask": mask, "env_mask": [1 - m for m in mask],
-                         "finish_reason": "length" if trajectory.truncated else "stop",
-                         "total_tokens": len(trajectory.prompt_ids) + len(ids), "turns": len(trajectory.turns),
-                         "reward": score.total, **{f"reward_{name}": v for name, v in score.rewards.items()},
-                         "reward_errors": len(score.errors),
-                         "correct": env.is_correct(trajectory.text, task, trajectory.outcome),
-                         "doom_loop": detector.is_loop(trajectory.text, trajectory.truncated)})
+            row = {"id": f"{task.id}-{index}", "prompt_id": task.id, "group_index": index,
+                   "mode": "sampled" if index < stage.samples else "greedy", "prompt": task.prompt,
+                   "answer": task.answer, "completion": trajectory.text, "tokens": ids,
+                   "logprobs": trajectory.behaviour_logps() or []}
+            if multi_turn:
+                row.update(loss_mask=mask, env_mask=[1 - m for m in mask])
+            row.update(finish_reason="length" if trajectory.truncated else "stop",
+                       total_tokens=len(trajectory.prompt_ids) + len(ids))
+            if multi_turn:
+                row["turns"] = len(trajectory.turns)
+            rows.append({**row, "reward": episode.reward, **episode.reward_columns(),
+                         "reward_errors": len(episode.score.errors), "correct": episode.correct,
+                         "doom_loop": episode.doom_loop})
     return rows
 
 
@@ -154,7 +155,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
     tokenizer = load_tokenizer(folder)
-    policy = rollout_policy(stage.rollout, folder, tokenizer, ctx, stage.batch_size)
+    policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     per_task = stage.samples + stage.greedy
@@ -165,11 +166,12 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
                             on_update=ctx.report_progress)  # a step: one completion (a batch at a time)
         own = [tasks[i] for i in mine]
         if env.max_turns > 1:
-            rows = episode_rows(env, own, policy, tokenizer, stage, DoomLoopDetector(), progress.update, mine)
+            groups = episode_groups(env, own, policy, tokenizer, stage, progress.update, mine)
         else:
             prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in own]
-            rows = rollout_rows(env, own, prompt_ids, completions(policy, prompt_ids, stage, progress.update, mine),
-                                stage, DoomLoopDetector())
+            groups = single_turn_groups(env, own, prompt_ids,
+                                        completions(policy, prompt_ids, stage, progress.update, mine))
+        rows = rollout_rows(env, groups, stage)
         return [rows[k * per_task:(k + 1) * per_task] for k in range(len(mine))]
 
     rows = [row for task_rows in split_and_gather(len(tasks), rows_of, ctx.device) for row in task_rows]

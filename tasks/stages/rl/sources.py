@@ -1,9 +1,10 @@
-"""Where an rl stage's rollouts come from, step by step: the local engine, an inference server in
-lockstep with the trainer, or an inference server running ahead of it (asynchronous RL).
+"""Where an rl stage's rollouts come from, step by step: the local engine (`Rollouts`), an inference
+server in lockstep with the trainer (`LockstepRollouts`), or an inference server running ahead of it
+(asynchronous RL, `AheadRollouts`). The stage's `rollout:` type picks one (tasks/stages/rl/config.py).
 
-`Rollouts.take(step)` returns the step's collected batch; `Rollouts.trained(version)` tells it the
-trainer has taken `version` optimizer steps, which publishes the weights to a server when due
-(tasks/common/weight_sync.py). Asynchronously, a producer thread collects the batches of steps
+`take(step)` returns the step's collected batch; `trained(version)` tells the source the trainer has
+taken `version` optimizer steps, which publishes the weights to a server when due
+(tasks/stages/rl/weight_sync.py). Asynchronously, a producer thread collects the batches of steps
 t+1 … t+k while the trainer trains step t, each no more than k = `max_staleness` versions behind
 the weights that train on it: the batch of step s is collected once version s − k is published.
 Rows older than that are dropped and counted (`stale_groups`); what a batch waited for goes in
@@ -30,18 +31,15 @@ class Batch:
 
 
 class Rollouts:
-    """The local engine (`policy` a LocalPolicy) or a server in lockstep (a ServerPolicy with its
-    WeightSync): each step's batch is collected when the trainer asks for it."""
+    """The local engine (`policy` a LocalPolicy over the trained `model`): each step's batch is
+    collected when the trainer asks for it."""
 
-    def __init__(self, collect, policy, model, sync=None, sync_every: int = 1):
+    def __init__(self, collect, policy, model):
         self.collect, self.policy, self.model = collect, policy, model
-        self.sync, self.sync_every = sync, sync_every
         self.version = 0
 
     def start(self, version: int) -> None:
         self.version = version
-        if self.sync is not None:
-            self.sync.publish(self.model, version)
 
     def take(self, step: int) -> Batch:
         groups, sampled, draws = self.collect(self.policy, step)
@@ -51,14 +49,42 @@ class Rollouts:
 
     def trained(self, version: int) -> None:
         self.version = version
-        if self.sync is not None and version % self.sync_every == 0:
-            self.sync.publish(self.model, version)
+
+    def sync_metrics(self, batch: Batch, sync_seconds: float) -> dict:
+        """What a step logs about weight sync and staleness: nothing, without a server."""
+        return {}
 
     def close(self) -> None:
         """Nothing runs in the background here."""
 
 
-class AheadRollouts(Rollouts):
+class LockstepRollouts(Rollouts):
+    """A server (`policy` a ServerPolicy) decoding each step's batch when the trainer asks for it,
+    the weights published to it (`sync`) every `sync_every` optimizer steps."""
+
+    def __init__(self, collect, policy, model, sync, sync_every: int):
+        super().__init__(collect, policy, model)
+        self.sync, self.sync_every = sync, sync_every
+
+    def start(self, version: int) -> None:
+        super().start(version)
+        self.sync.publish(self.model, version)
+
+    def trained(self, version: int) -> None:
+        super().trained(version)
+        if version % self.sync_every == 0:
+            self.sync.publish(self.model, version)
+
+    def sync_metrics(self, batch: Batch, sync_seconds: float) -> dict:
+        """Seconds spent publishing, groups dropped as stale, and how many versions behind the
+        trained weights the kept episodes were sampled (mean, and a count per lag)."""
+        episodes = max(1, sum(batch.staleness.values()))
+        return {"sync_seconds": sync_seconds, "stale_groups": batch.stale_groups,
+                "staleness": sum(k * n for k, n in batch.staleness.items()) / episodes,
+                **{f"staleness_{k}": n for k, n in sorted(batch.staleness.items())}}
+
+
+class AheadRollouts(LockstepRollouts):
     """A producer thread collecting on the server up to `max_staleness` steps ahead of the trainer."""
 
     def __init__(self, collect, policy, model, sync, sync_every: int, max_staleness: int, steps: int):
@@ -142,13 +168,3 @@ class AheadRollouts(Rollouts):
                 self._fail(exc)
                 return
             self.batches.put((step, Batch(groups, sampled, draws)))
-
-
-def rollouts_of(stage, collect, local_policy, model, server_policy=None, sync=None) -> Rollouts:
-    """The stage's rollout source: local, a server in lockstep, or a server running ahead."""
-    if stage.rollout.backend == "local":
-        return Rollouts(collect, local_policy, model)
-    if stage.asynchronous is None:
-        return Rollouts(collect, server_policy, model, sync, stage.rollout.sync_every)
-    return AheadRollouts(collect, server_policy, model, sync, stage.rollout.sync_every,
-                         stage.asynchronous.max_staleness, stage.steps)

@@ -1,4 +1,4 @@
-"""Files inside the bubblewrap sandbox, for its agent (stdlib only; see envs/sandbox_agent.py): the
+"""Files inside the bubblewrap sandbox, for its agent (stdlib only; see envs/sandbox/agent.py): the
 host's writes, the workspace's snapshot for graders, and the grader's folder emptied before use."""
 
 import base64
@@ -6,7 +6,7 @@ import contextlib
 import os
 import stat
 
-GRADER = "/grader"  # envs/sandbox_launch.py mounts it
+GRADER = "/grader"  # envs/sandbox/launch.py mounts it
 SNAPSHOT_FILE_BYTES, SNAPSHOT_TOTAL_BYTES, SNAPSHOT_ENTRIES = 65536, 4 << 20, 20000
 
 

@@ -1,6 +1,6 @@
 """Streamed answers of `posttrain serve-model` (`stream: true`): server-sent events as the engine draws.
 
-The engine thread records each streamed row's tokens as they are drawn (models/serving_batch.py) and
+The engine thread records each streamed row's tokens as they are drawn (models/serving/batch.py) and
 wakes the request's event loop; every wake sends, per choice, what its text grew by and the new
 tokens' log-probs and ids. A choice's text is held back where it could still change: characters
 that could be the start of a stop string, a character its tokens have only half written, trailing
@@ -12,8 +12,8 @@ the non-streamed text. Then usage when asked (`stream_options.include_usage`), t
 from __future__ import annotations
 
 from models.sampling import Generation, before_stop
-from models.serving_requests import ChatRequest
-from models.serving_responses import chat_logprobs, completion_logprobs
+from models.serving.requests import ChatRequest
+from models.serving.responses import chat_logprobs, completion_logprobs
 
 
 def provisional(tokenizer, token_ids: list[int], stop: tuple[str, ...]) -> str:

@@ -2,10 +2,10 @@
 
 One sandbox per episode: a `bwrap` process as an unprivileged uid of its own (as root; without root,
 this process's uid in a user namespace of its own), in new user, pid, net, ipc, uts and cgroup
-namespaces (no network, no further user namespaces), under a seccomp filter (envs/sandbox_seccomp.py),
+namespaces (no network, no further user namespaces), under a seccomp filter (envs/sandbox/seccomp.py),
 with /usr and the root read-only, tmpfs at /work, /tmp, /dev/shm and /grader capped in size and file
-count (mounted in a private mount namespace: envs/sandbox_launch.py), a cleared environment, and as
-pid 1 a stdlib agent (envs/sandbox_agent.py, sandbox_files.py, sandbox_proc.py, sandbox_worker.py)
+count (mounted in a private mount namespace: envs/sandbox/launch.py), a cleared environment, and as
+pid 1 a stdlib agent (envs/sandbox/agent.py, files.py, proc.py, worker.py)
 that runs each command, and each Python cell in a worker process, under CPU, memory, process,
 file-size and wall-clock limits, truncates their output and kills whatever they leave running. The
 host talks to it over a private pipe pair; if it stops answering in time, or answers out of turn,
@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from envs import sandbox_cgroup
-from envs.sandbox_launch import (AGENT, AGENT_FILES, GRADER, INSTALL_HINT, SandboxLimits, SandboxUnavailable, launch,
-                                 privileged)
+from envs.sandbox import cgroup as sandbox_cgroup
+from envs.sandbox import launch as sandbox_launch
+from envs.sandbox.launch import AGENT, AGENT_FILES, GRADER, INSTALL_HINT, SandboxLimits, SandboxUnavailable, privileged
 
 __all__ = ["AGENT", "AGENT_FILES", "GRADER", "INSTALL_HINT", "Result", "Sandbox", "SandboxLimits",
-           "SandboxUnavailable", "launch"]
+           "SandboxUnavailable"]
 
 SANDBOX_UIDS = itertools.count(0)
 # One bwrap launch at a time in a process (the rollout loop starts episodes on several threads):
@@ -80,7 +80,7 @@ class Sandbox:
         self._start(files or {})
 
     def _launch(self) -> None:
-        started = launch(self.limits, self.uid)
+        started = sandbox_launch.launch(self.limits, self.uid)
         self.cgroup = started.cgroup
         to_agent, self._requests = os.pipe()
         self._replies, from_agent = os.pipe()

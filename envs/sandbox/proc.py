@@ -1,4 +1,4 @@
-"""Process control inside the bubblewrap sandbox, for its agent (stdlib only; see envs/sandbox_agent.py).
+"""Process control inside the bubblewrap sandbox, for its agent (stdlib only; see envs/sandbox/agent.py).
 
 The agent is pid 1 of the sandbox's pid namespace, so every orphan becomes its child: it reaps them
 all, and after each command or cell it freezes and kills every process but itself and the Python

@@ -1,4 +1,4 @@
-"""The Python worker inside the bubblewrap sandbox (stdlib only; started by envs/sandbox_agent.py).
+"""The Python worker inside the bubblewrap sandbox (stdlib only; started by envs/sandbox/agent.py).
 
 It keeps the episode's namespace and runs the policy's cells in it, so everything here is as
 untrusted as the cells: the agent gives it nothing but its own pipes. It reads one JSON message a

@@ -1,5 +1,5 @@
 """An rl step's policy update: `num_iterations` clipped policy-gradient passes over the step's rows
-(tasks/common/rl_batch.py), with the KL reference's log-probs and, for rows an inference server
+(tasks/stages/rl/batch.py), with the KL reference's log-probs and, for rows an inference server
 sampled, truncated importance weights (models/rl_losses.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.rl_losses import grpo_loss, kl_k3, loss_denominator, truncated_importance_weights
-from tasks.common.rl_batch import completion_logps, padded_behaviour, padded_rows, training_rows
+from tasks.stages.rl.batch import completion_logps, padded_behaviour, padded_rows, training_rows
 
 
 def reference_logps(training, reference, batch, temperature: float):
@@ -47,9 +47,10 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
     denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \
         / learner.shards(step_rows)
     share = training.shard(step_rows)
-    server = stage.rollout.backend == "server"  # its log-probs differ from the trainer's: importance-weighted
+    # rows another engine sampled (a server) carry its log-probs, which differ from the trainer's: importance-weighted
+    weighted = stage.rollout.samples_elsewhere
     pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device),
-                    behaviour_logps=padded_behaviour(rows, device) if server else None)
+                    behaviour_logps=padded_behaviour(rows, device) if weighted else None)
               for rows in learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids)) for r in share])]
     for piece in pieces:
         piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
@@ -93,7 +94,7 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
                "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces)}
     if stage.beta:
         metrics["kl"] = totals["kl"] / trained
-    if server:  # how far the server's log-probs are from the trainer's, and what the weights made of it
+    if weighted:  # how far the server's log-probs are from the trainer's, and what the weights made of it
         metrics.update(importance_weight=totals["weight"] / trained, importance_capped=totals["capped"] / trained,
                        logp_mismatch=totals["mismatch"] / trained)
     return metrics, totals["tokens"]

@@ -1,11 +1,11 @@
-"""Runs inside the bubblewrap sandbox as its pid 1 (stdlib only, started by envs/sandbox.py).
+"""Runs inside the bubblewrap sandbox as its pid 1 (stdlib only, started by envs/sandbox/__init__.py).
 
 The agent is trusted code and never runs the policy's code in its own process. As pid 1 of the
 sandbox's pid namespace nothing inside can signal it; it makes itself non-dumpable, so nothing
 inside can ptrace it or open its /proc/1/fd; it talks to the host over a private pipe pair that
 no child inherits. The host sends one JSON request per line, each with an "id" the answer echoes:
 - {"op": "sh", "command"}: `bash -c command` in /work under the limits;
-- {"op": "py", "code"}: a cell, run by the Python worker (envs/sandbox_worker.py, a child that keeps
+- {"op": "py", "code"}: a cell, run by the Python worker (envs/sandbox/worker.py, a child that keeps
   the episode's namespace); a cell's `llm_query(prompt)` is relayed to the host ({"llm_query"} out,
   {"answer"} or {"error"} in);
 - {"op": "set", "values"}: variables of the worker's namespace (RLM's `context`);
@@ -29,13 +29,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # -I leaves the script's folder out
+# the helpers by their names inside the sandbox (envs/sandbox/files.py, proc.py, worker.py; INSIDE_NAMES of launch.py)
 from sandbox_files import GRADER, empty, put, snapshot
 from sandbox_proc import EXITED, WATCHED, Output, quiesce, reap, spawn, wait_ready, watch_children
 
 PR_SET_DUMPABLE = 4
 INTERRUPT_GRACE = 1.0  # seconds a cell gets to unwind after SIGALRM before its worker is killed
 MESSAGE_BYTES = 1 << 22  # the longest line the worker may send (an llm_query prompt)
-# beside the agent, compiled like it (envs/sandbox_launch.py ships .pyc files; the sources run too)
+# beside the agent, compiled like it (envs/sandbox/launch.py ships .pyc files; sources under these names run too)
 WORKER_SCRIPT = os.path.join(HERE, "sandbox_worker" + os.path.splitext(__file__)[1])
 LOST = "its variables are lost"
 

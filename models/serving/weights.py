@@ -1,5 +1,5 @@
 """Weights `posttrain serve-model` loads at runtime: how a trainer publishes new weights to it
-(tasks/common/weight_sync.py).
+(tasks/stages/rl/weight_sync.py).
 
 LoRA adapters, over vLLM's endpoints: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` loads
 a PEFT adapter, and requests that name the adapter as their `model` decode with it;
@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.loading import ADAPTER_CONFIG
-from models.serving_limits import ServingError
+from models.serving.limits import ServingError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")

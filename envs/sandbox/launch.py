@@ -1,11 +1,11 @@
-"""How a sandbox starts (see envs/sandbox.py): its limits and the command line that launches it.
+"""How a sandbox starts (see envs/sandbox/__init__.py): its limits and the command line that launches it.
 
 As root, `unshare --mount --ipc` mounts the sandbox's capped tmpfs in a mount namespace of its own
 and caps SysV IPC in its IPC namespace, then setpriv drops to the sandbox's own host uid. Without
 root, or root without CAP_SYS_ADMIN (a container's), where unprivileged user namespaces are
 allowed, `unshare --user --map-root-user --mount --ipc` does the same as the root of a user
 namespace of its own, and the sandbox runs as this process's uid: its process limit is still its own, as the kernel (5.14+) counts RLIMIT_NPROC per
-user namespace. Then bwrap, with the seccomp filter of envs/sandbox_seccomp.py, runs the agent.
+user namespace. Then bwrap, with the seccomp filter of envs/sandbox/seccomp.py, runs the agent.
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs import sandbox_cgroup, sandbox_seccomp
+from envs.sandbox import cgroup as sandbox_cgroup
+from envs.sandbox import seccomp as sandbox_seccomp
 
-AGENT = Path(__file__).with_name("sandbox_agent.py")
-AGENT_FILES = [AGENT, *(AGENT.with_name(f"sandbox_{name}.py") for name in ("files", "proc", "worker"))]  # run inside
+# The programs run inside (stdlib only), each source of this package under the module name it has
+# in the sandbox's /opt/posttrain: the agent imports its helpers by these names (the one place they
+# are mapped; the sandbox's tests name them too).
+INSIDE_NAMES = {"agent": "sandbox_agent", "files": "sandbox_files", "proc": "sandbox_proc", "worker": "sandbox_worker"}
+AGENT = Path(__file__).with_name("agent.py")
+AGENT_FILES = [AGENT.with_name(f"{name}.py") for name in INSIDE_NAMES]  # run inside
 MB = 1024 * 1024
 TMP_BYTES, TMP_FILES, SHM_BYTES, SHM_FILES = 8 * MB, 2000, 4 * MB, 100
 GRADER_BYTES, GRADER_FILES = 8 * MB, 2000  # /grader: a grader's files, emptied before each grading
@@ -88,7 +93,7 @@ def memory_bound(limits: SandboxLimits) -> int:
     tmpfs at /work, /tmp, /dev/shm and /grader are capped in size and inodes; memfd and SysV IPC,
     memory no limit above covers, are denied (seccomp; SysV also by the IPC namespace's limits).
     The trusted agent and kernel memory (page tables, pipe buffers, inodes) come on top.
-    With a delegated cgroup v2 (envs/sandbox_cgroup.py) memory.max is this bound.
+    With a delegated cgroup v2 (envs/sandbox/cgroup.py) memory.max is this bound.
     """
     tmpfs = limits.disk_mb * MB + TMP_BYTES + SHM_BYTES + GRADER_BYTES
     return limits.processes * limits.memory_mb * MB + tmpfs
@@ -161,16 +166,21 @@ def privileged() -> bool:
     return all(effective >> bit & 1 for bit in CAPABILITIES)
 
 
+def inside_name(path: Path) -> str:
+    """The module name an agent file (one of AGENT_FILES) has inside the sandbox."""
+    return INSIDE_NAMES[path.stem]
+
+
 @functools.cache
 def agent_bytecode() -> tuple[tuple[str, bytes], ...]:
     """(file name, compiled bytes) of each agent file, compiled once per process by the sandbox's
     interpreter: the sandbox imports them sourceless, sparing every episode's start the compiling
     of ~550 lines (~4 ms of its ~35)."""
     python, _ = _python()
-    names = [f"{path.stem}.pyc" for path in AGENT_FILES]
+    names = [f"{inside_name(path)}.pyc" for path in AGENT_FILES]
     with tempfile.TemporaryDirectory(prefix="posttrain-agent-") as folder:
         arguments = [str(value) for path, name in zip(AGENT_FILES, names)
-                     for value in (path, f"{folder}/{name}", f"{INSIDE}/{path.name}")]
+                     for value in (path, f"{folder}/{name}", f"{INSIDE}/{inside_name(path)}.py")]
         try:
             done = subprocess.run([python, "-I", "-S", "-c", COMPILE_AGENT, *arguments], capture_output=True,
                                   timeout=60)
@@ -279,6 +289,6 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         "--setenv", "PYTHONNOUSERSITE", "1",  # no usercustomize.py under /work/.local runs in a grader's python
-        python, "-I", "-S", f"{INSIDE}/{AGENT.stem}.pyc", limits.model_dump_json(),
+        python, "-I", "-S", f"{INSIDE}/{inside_name(AGENT)}.pyc", limits.model_dump_json(),
     ]
     return Launch(sandbox_cgroup.enter(cgroup, command), tuple(fds), fstab, cgroup)

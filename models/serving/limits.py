@@ -1,10 +1,10 @@
-"""What `posttrain serve-model` refuses, and how it says so (models/serving.py is the server).
+"""What `posttrain serve-model` refuses, and how it says so (models/serving/ is the server).
 
 A request is read and checked whole before it waits for the engine. Its headers must all arrive
 within `read_timeout` of the connection opening (or of its previous response), else the
 connection is closed; a body needs a Content-Length, checked before a byte is read (411 without
 one, 413 over `max_body_bytes`), and must arrive within `read_timeout` (408). The fields have
-bounds (models/serving_requests.py: the constants below). Only then does it wait for the
+bounds (models/serving/requests.py: the constants below). Only then does it wait for the
 engine, at most `queue_timeout` (503), and its answer comes within `request_timeout` of its
 arrival or not at all (504; its rows leave the engine's batch). Every refusal is OpenAI's error shape:
 {"error": {"message", "type", "param", "code"}}, never a traceback.

@@ -1,6 +1,6 @@
 """The request bodies `posttrain serve-model` accepts: OpenAI's chat and completions, with vLLM's extensions.
 
-Every field is bounded (the constants in models/serving_limits.py): a value out of range is a 400
+Every field is bounded (the constants in models/serving/limits.py): a value out of range is a 400
 naming the field, never reduced into range. Besides OpenAI's parameters they accept vLLM's
 `top_k`, `include_stop_str_in_output`, `return_token_ids` (the generated ids on each choice and the
 prompt's ids) and, for chat, `add_generation_prompt` and `continue_final_message` (continue the
@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from models.sampling import SamplingParams
-from models.serving_limits import (
+from models.serving.limits import (
     GREEDY_BELOW,
     MAX_CONTENT_CHARS,
     MAX_LOGPROBS,

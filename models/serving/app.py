@@ -1,4 +1,4 @@
-"""The routes of `posttrain serve-model` (models/serving.py holds the model they serve).
+"""The routes of `posttrain serve-model` (models/serving/model.py holds the model they serve).
 
 `/v1/chat/completions` and `/v1/completions` (OpenAI's, with vLLM's extensions; `stream: true`
 answers in server-sent events), `/v1/models`, vLLM's `/v1/load_lora_adapter` and
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from models.config import ModelConfig
-from models.serving import ServedModel
-from models.serving_batch import Job
-from models.serving_limits import (
+from models.serving.model import ServedModel
+from models.serving.batch import Job
+from models.serving.limits import (
     BodyLimit,
     Limits,
     ServingError,
@@ -30,10 +30,10 @@ from models.serving_limits import (
     error_response,
     server_config,
 )
-from models.serving_requests import ChatRequest, CompletionRequest
-from models.serving_responses import envelope, sse, usage
-from models.serving_stream import choice_streams, stream_chunks
-from models.serving_weights import LoadAdapter, ReloadWeights, UnloadAdapter
+from models.serving.requests import ChatRequest, CompletionRequest
+from models.serving.responses import envelope, sse, usage
+from models.serving.stream import choice_streams, stream_chunks
+from models.serving.weights import LoadAdapter, ReloadWeights, UnloadAdapter
 
 POLL = 0.1  # seconds between checks of a waiting request's deadlines and connection
 
@@ -84,7 +84,7 @@ async def waited(served: ServedModel, job: Job, request, since: float, moved: as
 
 
 async def events(served: ServedModel, request, job: Job, prompt_tokens: int, since: float, moved: asyncio.Event):
-    """The server-sent events of a streamed job, as the engine draws its tokens (models/serving_stream.py)."""
+    """The server-sent events of a streamed job, as the engine draws its tokens (models/serving/stream.py)."""
     chat = isinstance(request, ChatRequest)
     head = {key: value for key, value in envelope("chat" if chat else "text", request.model).items()
             if key != "object"}

@@ -1,16 +1,6 @@
-"""`posttrain serve-model`: one checkpoint behind an OpenAI-compatible API (FastAPI + uvicorn).
-
-A served checkpoint is a policy like any other (docs/DESIGN §7): a teacher for `synthesize`, a
-model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/common/server_policy.py;
-the stage publishes its new weights to it, tasks/common/weight_sync.py), or the endpoint a rollout
-plays through by chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
-chat request gives exactly what in-process evaluation gives for that prompt, and a token-id
-completion what the local engine gives for those ids. Concurrent requests decode together
-(models/serving_batch.py). The request fields: models/serving_requests.py; the answers' shapes:
-models/serving_responses.py (streamed: models/serving_stream.py); the routes: models/serving_app.py;
-what it refuses (sizes, bounds, deadlines) and how it says so: models/serving_limits.py.
-"""
-
+"""The served model of `posttrain serve-model` (models/serving/__init__.py tells the whole server):
+one loaded checkpoint, on its device, its engine thread (batch.py) and its runtime adapters
+(weights.py), turning requests (requests.py) into jobs and finished jobs into answers (responses.py)."""
 from __future__ import annotations
 
 import json
@@ -20,11 +10,11 @@ from pathlib import Path
 from models.config import ModelConfig
 from models.loading import ADAPTER_CONFIG, load_model, load_tokenizer
 from models.sampling import Generation, SamplingParams, generate_tokens
-from models.serving_batch import Batcher, Job
-from models.serving_limits import MAX_CHOICES, Limits, ServingError
-from models.serving_weights import Adapters, LoadAdapter, ReloadWeights, copy_weights, weight_files
-from models.serving_requests import ChatRequest, CompletionRequest, SamplingRequest
-from models.serving_responses import chat_logprobs, completion_logprobs, envelope, usage
+from models.serving.batch import Batcher, Job
+from models.serving.limits import MAX_CHOICES, Limits, ServingError
+from models.serving.weights import Adapters, LoadAdapter, ReloadWeights, copy_weights, weight_files
+from models.serving.requests import ChatRequest, CompletionRequest, SamplingRequest
+from models.serving.responses import chat_logprobs, completion_logprobs, envelope, usage
 
 SENTINEL = "\x00posttrain-final-message\x00"  # stands for the final message's content while rendering
 

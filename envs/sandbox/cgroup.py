@@ -1,7 +1,7 @@
 """A cgroup v2 per sandbox (memory.max, pids.max), where the host delegates one; else None.
 
 Untested here: the development host and CI have cgroup v1 (a hybrid /sys/fs/cgroup), so every test
-exercises the fallback that envs/sandbox_launch.py documents (`memory_bound`). The kernel lets
+exercises the fallback that envs/sandbox/launch.py documents (`memory_bound`). The kernel lets
 controllers be enabled only for a cgroup's children while it holds no process itself, so what is
 used is the parent of this process's own cgroup: the folder a host delegates (systemd's
 `Delegate=yes`, or a container's writable cgroup2 mount) with this process in a leaf of it, and

@@ -1,6 +1,6 @@
 """The answers `posttrain serve-model` sends: OpenAI's chat.completion and text_completion shapes,
 their log-probs, vLLM's returned token ids, and the server-sent event framing (a streamed answer's
-events: models/serving_stream.py)."""
+events: models/serving/stream.py)."""
 
 from __future__ import annotations
 
