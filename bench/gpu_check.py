@@ -5,7 +5,10 @@ user's dataset, synthesize, sft, generate, preference, rl and evaluate, on the t
 again on a real model when one is in the local Hugging Face cache (LFM2-350M, Qwen3-0.6B: nothing
 is downloaded). It asserts from the run summary that every stage that runs a model ran on cuda,
 and writes bench/results/gpu_check.json with each stage's device, peak GPU memory, peak RSS and
-seconds. Without CUDA it refuses (exit 2): nothing in CI needs a GPU.
+seconds. Then rl against a real vLLM server, with LoRA and with full-weight sync
+(bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command). Each check is an entry of
+`checks`: {name, ok, seconds, peak_gpu_gb, tokens_per_second}. Without CUDA it refuses (exit 2):
+nothing in CI needs a GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 import yaml
 
 from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
+from bench.gpu_check_vllm import vllm_checks
+from models.presets import materialize
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_STAGES = ("sft", "generate", "align", "rl", "final-eval")  # the stages that load a model
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(RESULTS_DIR / "gpu_check.json"))
     parser.add_argument("--base", default="tiny-llama", help="the preset (or local folder) of the first pass")
+    parser.add_argument("--vllm-port", type=int, default=8765, help="where the vLLM passes serve")
     args = parser.parse_args(argv)
     go_offline()
     import torch
@@ -109,22 +115,39 @@ def main(argv: list[str] | None = None) -> dict:
         print("error: gpu-check needs a CUDA device and torch sees none here (torch.cuda.is_available() is False); "
               "run it on a GPU machine", file=sys.stderr)
         raise SystemExit(2)
-    runs = {}
-    for base, lora in [(args.base, False), *((model, True) for model in cached_real_models())]:
+    runs, checks = {}, []
+    real_models = cached_real_models()
+    for base, lora in [(args.base, False), *((model, True) for model in real_models)]:
         with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-") as folder:
             figures = stage_figures(run_pipeline(Path(folder), base, lora))
         missed = off_cuda(figures)
         if missed:
             raise SystemExit(f"gpu-check: on {base}, these stages did not run on cuda: {', '.join(missed)}")
         runs[base] = figures
+        checks.append(pipeline_check(base, figures))
         print(f"{base}: every model stage ran on cuda; {json.dumps(figures)}")
+    with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-vllm-") as folder:
+        vllm_base = real_models[0] if real_models else str(materialize(args.base))
+        checks += vllm_checks(vllm_base, Path(folder), args.vllm_port)
     result = make_result(metric="model stages on cuda", unit="stages", ours=float(len(MODEL_STAGES)), peer=None,
                          peer_name=None, config={"stages": list(MODEL_STAGES), "gpu": torch.cuda.get_device_name(0),
                                                  "versions": package_versions("torch", "transformers", "accelerate",
                                                                               "peft")})
-    result["runs"] = runs
+    result.update(runs=runs, checks=checks)
     write_result(result, args.out)
+    for check in checks:
+        print(f"{check['name']}: {'ok' if check['ok'] else check.get('skipped') or check.get('reason')}")
+    if any(check["ok"] is False for check in checks):
+        raise SystemExit(1)
     return result
+
+
+def pipeline_check(base: str, figures: dict[str, dict]) -> dict:
+    """The pipeline's entry among the checks: its seconds and the largest stage's GPU memory."""
+    peaks = [f["peak_gpu_gb"] for f in figures.values() if f.get("peak_gpu_gb") is not None]
+    return {"name": f"every stage kind on {base}", "ok": True,
+            "seconds": round(sum(f["seconds"] or 0 for f in figures.values()), 1),
+            "peak_gpu_gb": max(peaks) if peaks else None, "tokens_per_second": None}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
+import contextlib
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(server, port: int):
+    """A uvicorn.Server run in a background thread until the block ends; yields its base URL (/v1)."""
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ refuses on a machine without CUDA, and it names the stages that did not run on c
 import subprocess
 import sys
 
+import yaml
 from conftest import ROOT
 
 from bench.gpu_check import MODEL_STAGES, off_cuda, write_pipeline
@@ -35,3 +36,29 @@ def test_a_model_stage_off_cuda_is_named():
     figures["rl"] = {"device": "cpu"}
     del figures["final-eval"]
     assert off_cuda(figures) == ["rl (cpu)", "final-eval (None)"]
+
+
+def test_the_vllm_passes_start_vllm_with_the_documented_flags(tmp_path):
+    from bench.gpu_check_vllm import EXTENSION, check_spec, server_command
+
+    lora, lora_env = server_command("vllm", "Qwen/Qwen3-0.6B", 8765, lora=True)
+    assert {"--logprobs-mode", "processed_logprobs", "--enable-lora", "--max-loras", "--max-cpu-loras",
+            "--max-model-len", "--max-lora-rank"} <= set(lora) and lora_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    full, full_env = server_command("vllm", "/ckpt", 8765, lora=False)
+    assert full[full.index("--worker-extension-cls") + 1] == EXTENSION and full_env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert full_env["PYTHONPATH"].split(":")[0] == str(ROOT / "deployments")
+    for lora_on in (True, False):
+        path = tmp_path / f"spec-{lora_on}.yaml"
+        path.write_text(yaml.safe_dump(check_spec(f"file://{tmp_path}/store", "tiny-llama", "http://127.0.0.1:8765/v1",
+                                                  tmp_path / "sync", lora_on, asynchronous=lora_on)))
+        spec, _ = load_spec(path)
+        assert spec.stages[-1].rollout.sync_folder == str(tmp_path / "sync")
+
+
+def test_without_a_vllm_command_the_vllm_check_says_it_was_skipped(tmp_path, monkeypatch):
+    from bench.gpu_check_vllm import vllm_checks
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("VLLM_BIN", raising=False)
+    [check] = vllm_checks("tiny-llama", tmp_path, 8765)
+    assert check["ok"] is None and check["skipped"].startswith("no vllm command")

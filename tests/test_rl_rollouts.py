@@ -26,6 +26,9 @@ class ToySync:
     def publish(self, model, version):
         self.announce(version, self.save(model, version))
 
+    def retire(self):
+        self.retired = True
+
 
 class ToyModel:
     def train(self):

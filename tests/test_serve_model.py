@@ -6,14 +6,12 @@ import functools
 import select
 import subprocess
 import sys
-import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, serving
 
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.calc import CalcEnv, CalcEnvConfig
@@ -61,18 +59,8 @@ def running_app(app):
     from models.serving.limits import server_config
 
     port = free_port()
-    server = uvicorn.Server(server_config(app, app.state.limits, host="127.0.0.1", port=port))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serving(uvicorn.Server(server_config(app, app.state.limits, host="127.0.0.1", port=port)), port) as url:
+        yield url
 
 
 @functools.cache

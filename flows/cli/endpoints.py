@@ -1,7 +1,8 @@
 """`posttrain validate --check-endpoints SPEC`: every server a stage talks to answers, before anything runs.
 
-A rollout server must serve its model and return token ids and log-probs (the rollout backend's
-own start check, tasks/common/server_policy.py); a teacher or judge endpoint must list its model.
+A rollout server must serve its model, return token ids and log-probs, and report log-probs after
+temperature (the rollout backend's own start check, tasks/common/server_checks.py); a teacher or
+judge endpoint must list its model.
 The first problem is one line naming the stage's field and the endpoint (exit 2).
 """
 
@@ -15,18 +16,22 @@ def check_endpoints(spec) -> int:
     from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
     from tasks.common.server_policy import ServerPolicy
     from tasks.common.rollout_backends import ServerRollout
+    from tasks.common.server_checks import described
 
     checked = 0
     for stage in spec.stages:
         for field, config in stage.endpoints():
             where = f"stages.{stage.id}.{field}"
+            found = ""
             try:
                 if isinstance(config, ServerRollout):
-                    ServerPolicy.of(config, None, where).check()
+                    policy = ServerPolicy.of(config, None, where)
+                    policy.check()
+                    found = f" ({described(policy)})"
                 else:
                     EndpointPolicy.of(config, None, where).check_model()
             except (EndpointError, EndpointConfigError) as exc:
                 raise UserError(f"{where}: {exc}") from None
-            print(f"{where}: {config.describe()} answers", flush=True)
+            print(f"{where}: {config.describe()} answers{found}", flush=True)
             checked += 1
     return checked

@@ -68,8 +68,9 @@ class ServedModel:
         self.batcher = Batcher(self._decode, self.limits.batch_window)
 
     def card(self, name: str | None = None) -> dict:
+        """vLLM's model card: an adapter's names its `parent`; the served model's its `max_model_len`."""
         return {"id": name or self.name, "object": "model", "created": self.created, "owned_by": "posttrain",
-                **({"parent": self.name} if name else {})}
+                **({"parent": self.name} if name else {"max_model_len": self.context})}
 
     def cards(self) -> list[dict]:
         return [self.card(), *(self.card(adapter) for adapter in self.adapters.served())]

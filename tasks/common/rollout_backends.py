@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from tasks.config import Endpoint
 
-SERVER_FIELDS = ("endpoint", "model", "api_key_env", "sync_every", "sync_folder")
+SERVER_FIELDS = ("endpoint", "model", "api_key_env", "max_model_len", "sync_every", "sync_folder")
 
 
 class LocalRollout(BaseModel):
@@ -67,6 +67,8 @@ class ServerRollout(Endpoint):
     """Episodes decode on an inference server serving the stage's input checkpoint as `model`."""
 
     backend: Literal["server"]
+    # prompt + completion tokens the server holds; None: its /v1/models card says (vLLM's does)
+    max_model_len: int | None = Field(None, gt=0)
 
     # another engine sampled the rows: the trainer corrects for its log-probs (truncated importance sampling)
     samples_elsewhere: ClassVar[bool] = True
@@ -94,8 +96,9 @@ class ServerRollout(Endpoint):
         return ServerPolicy.checked(self, tokenizer, model.config.vocab_size)
 
     def keyed(self, params: dict, server_only: tuple[str, ...] = ()) -> dict:
-        """What decides the rows (backend, model, the weights' sync interval), not where the server is."""
-        return {**params, "rollout": self.model_dump(include={"backend", "model", "sync_every"})}
+        """What decides the rows (backend, model, the weights' sync interval, the context that cuts
+        episodes), not where the server is."""
+        return {**params, "rollout": self.model_dump(include={"backend", "model", "sync_every", "max_model_len"})}
 
     def endpoints(self) -> list[tuple[str, object]]:
         return [("rollout", self)]

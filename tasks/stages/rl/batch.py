@@ -39,6 +39,8 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
         rows = []
         for s, advantage in zip(scored, advantages):
             ids, mask = s.trajectory.completion()
+            if not ids:  # a server with no room left for the prompt: nothing was sampled
+                continue
             if mask_truncated and any(turn.truncated for turn in s.trajectory.turns):
                 mask = [0] * len(mask)
             rows.append(Row(s.trajectory.prompt_ids, ids, mask, advantage, s.trajectory.behaviour_logps(),
@@ -54,6 +56,8 @@ def training_rows(scored_groups: list[list], algorithm: str, group_size: int, sc
         rows = []
         for s, advantages in zip(scored, per_step):
             for turn, advantage in zip(s.trajectory.turns, advantages):
+                if not turn.action_ids:  # cut before a token was sampled (the server's context was full)
+                    continue
                 keep = 0 if mask_truncated and turn.truncated else 1
                 behaviour = turn.action_logprobs if len(turn.action_logprobs) == len(turn.action_ids) else None
                 rows.append(Row(turn.context_ids, turn.action_ids, [keep] * len(turn.action_ids), advantage,

@@ -83,6 +83,10 @@ class LockstepRollouts(Rollouts):
                 "staleness": sum(k * n for k, n in batch.staleness.items()) / episodes,
                 **{f"staleness_{k}": n for k, n in sorted(batch.staleness.items())}}
 
+    def close(self) -> None:
+        """Older versions a request still named when they were replaced go now."""
+        self.sync.retire()
+
 
 class AheadRollouts(LockstepRollouts):
     """A producer thread collecting on the server up to `max_staleness` steps ahead of the trainer."""
@@ -149,6 +153,7 @@ class AheadRollouts(LockstepRollouts):
         self.announcer.shutdown(wait=True)
         if self.thread is not None:
             self.thread.join(timeout=600)
+        super().close()
 
     def _published(self, version: int) -> None:
         with self.published:
