@@ -125,11 +125,12 @@ def next_tokens(logits, params: SamplingParams, uniforms=None):
         probs = sorted_lp.exp()
         outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
         filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
-    # inverse-CDF sampling, every row's search at once (a torch.multinomial call per row cost ~30 µs)
-    cdf = torch.softmax(filtered, dim=-1).double().cumsum(-1).cpu()
+    # inverse-CDF sampling, every row's search at once (a torch.multinomial call per row cost ~30 µs), on
+    # the logits' device: only the rows' draws go there, nothing vocabulary-sized comes back to the host
+    cdf = torch.softmax(filtered, dim=-1).double().cumsum(-1)
+    draws = uniforms.to(cdf.device)
     # `right`: the first token whose cumulative mass exceeds the draw, never a token of zero mass
-    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
-    tokens = tokens.to(logits.device)
+    tokens = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 

@@ -214,3 +214,19 @@ def test_serve_model_places_its_model_on_the_device_asked_for(tmp_path):
     assert serving_device(ModelConfig()) == ("cuda:0" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ServeModelInputError, match=r"^--device: auto or cpu, not 'gpu'$"):
         serve_model("t/sft@0123456789abcdef", f"file://{tmp_path}", "127.0.0.1", 0, None, device="gpu")
+
+
+def test_a_stage_holding_gpus_where_there_are_none_stops_in_one_line(monkeypatch):
+    """Not a silent fall back to the CPU: a `gpus: 1` stage on a machine without CUDA refuses to
+    start, naming what it holds and what it sees; `model.device: cpu` says the CPU is meant."""
+    from models.config import ModelConfig
+    from tasks.runtime.child import GpusUnavailable, check_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(GpusUnavailable) as refused:
+        check_gpus("sft", 1, ModelConfig())
+    assert str(refused.value) == ("stage sft holds gpus: 1, but this worker sees 0 GPU(s) "
+                                  "(torch.cuda.device_count(); CUDA_VISIBLE_DEVICES=): run it on a GPU worker, "
+                                  "or set model.device: cpu to train on the CPU")
+    check_gpus("sft", 2, ModelConfig(device="cpu"))
+    check_gpus("sft", 0, ModelConfig())

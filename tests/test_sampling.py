@@ -125,3 +125,22 @@ def test_sampled_tokens_follow_the_distribution_and_never_take_a_token_of_zero_m
         tokens, _ = next_tokens(logits, SamplingParams(4, temperature=1.0, top_k=2), uniforms[:, step])
         top_2[torch.arange(2), tokens] += 1
     assert (top_2[0, [1, 2, 4]] == 0).all() and (top_2[1, [0, 3, 4]] == 0).all()
+
+
+def test_sampling_copies_nothing_vocabulary_sized_to_the_host(model_and_tokenizer, monkeypatch):
+    """On a GPU the sampler's per-step work stays on the device: of each step only the rows' tokens,
+    log-probs and draws cross to the host, never a [rows, vocab] tensor (a float64 CDF was ~78 MB a
+    step at 64 rows and Qwen3's vocabulary). Recorded here as the host copies (`.cpu()`) made."""
+    model, tokenizer = model_and_tokenizer
+    vocab = model.config.vocab_size
+    copied = []
+    host_copy = torch.Tensor.cpu
+
+    def recording(tensor, *args, **kwargs):
+        copied.append(tuple(tensor.shape))
+        return host_copy(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", recording)
+    prompts = [chat_prompt(tokenizer, f"What is {a} + 1?") for a in range(4)]
+    generate_tokens(model, tokenizer, prompts, SamplingParams(12, temperature=1.0, top_p=0.9, top_k=20), seed=1)
+    assert copied and not any(vocab in shape for shape in copied), copied

@@ -103,9 +103,31 @@ def install_code(code: dict[str, str], workdir: Path) -> None:
     importlib.invalidate_caches()
 
 
+class GpusUnavailable(RuntimeError):
+    """A stage holding GPUs landed where there are fewer (a worker without a GPU, or a mask that hides them)."""
+
+
+def check_gpus(stage_id: str, gpus: int, model) -> None:
+    """A stage that holds GPUs runs on them: where this process sees fewer, it stops in one line
+    rather than train on the CPU unnoticed, unless the spec says the CPU is meant (`model.device:
+    cpu`, as the CPU tests of multi-GPU stages do). Under `accelerate launch` every rank sees all
+    of the stage's GPUs."""
+    if not gpus or model.device == "cpu":
+        return
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible < gpus:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise GpusUnavailable(f"stage {stage_id} holds gpus: {gpus}, but this worker sees {visible} GPU(s) "
+                           f"(torch.cuda.device_count(){f'; CUDA_VISIBLE_DEVICES={shown}' if shown is not None else ''}"
+                           "): run it on a GPU worker, or set model.device: cpu to train on the CPU")
+
+
 def execute(request: StageRequest) -> dict:
     stage = request.stage
     declared = type(stage)
+    check_gpus(stage.id, request.orchestration.gpus, request.model)
     ctx = stage_context(request)
     install_code(request.code, ctx.workdir)
     began = time.monotonic()

@@ -26,6 +26,7 @@ def test_a_two_gpu_stage_trains_as_two_processes_and_commits_once(tmp_path):
     spec = tiny_spec(f"file://{store}", sft={"max_steps": 20, "warmup_steps": 5, "learning_rate": 0.003,
                                              "checkpoint_every": 10, "gpus": 2})
     # rl: as an accelerate config file says (DDP here; FSDP or DeepSpeed on GPUs), in micro-batches
+    spec["model"]["device"] = "cpu"  # the CPU meant: a stage holding GPUs refuses to fall back unasked
     (tmp_path / "ddp.yaml").write_text(CPU_ACCELERATE_CONFIG)
     spec["stages"][2:] = [{"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 2,
                            "prompts_per_step": 4, "group_size": 4, "max_tokens": 16, "learning_rate": 0.001,

@@ -167,6 +167,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
                      workers={"deployment": "post-train-stage/post-train-stage"}, max_parallel_stages=2)
     spec["stages"] = [*spec["stages"][:2], SIDE]  # side: a branch beside warmup -> sft, run at once with warmup
     spec["model"]["base"] = "${POSTTRAIN_TEST_BASE}"  # filled on the worker, not in the flow run's parameters
+    spec["model"]["device"] = "cpu"  # sft holds a GPU slot, and trains on this CPU as meant
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as prefect_env:
         api = prefect_env["PREFECT_API_URL"]
