@@ -16,11 +16,11 @@ from models.loading import enable_activation_checkpointing, load_model
 from tasks.common import checkpointing
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.progress import Progress
+from tasks.common.sharding import SHARDED_TYPES, equalized, is_sharded
 from tasks.common.trackers import Trackers
 from tasks.config import DatasetTrainStage, TrainStage
 
 LOG_EVERY = 25
-SHARDED = ("FSDP", "DEEPSPEED")  # accelerate's distributed types that shard weights and optimizer state
 PROGRESS_METRICS = ("loss", "reward", "accuracy", "reward_accuracy")  # what the progress line shows
 
 
@@ -142,10 +142,23 @@ class Learner:
         size = self.micro_batch_size or len(rows) or 1
         return [rows[start:start + size] for start in range(0, len(rows), size)]
 
+    @property
+    def sharded(self) -> bool:
+        """Weights spread over the processes: every forward and backward is a collective (tasks/common/sharding.py)."""
+        return is_sharded(self.model, self.accelerator)
+
     def buckets(self, rows: list, widths: list[tuple[int, ...]]) -> list[list]:
         """`rows` regrouped by length into micro-batches of at most `micro_batch_size` (see
-        length_buckets); `widths[i]` holds the lengths of row i's separately padded parts."""
+        length_buckets); `widths[i]` holds the lengths of row i's separately padded parts. Sharded,
+        fixed-size pieces: how many length buckets there are depends on each process's data."""
+        if self.sharded:
+            return self.pieces(rows)
         return [[rows[i] for i in bucket] for bucket in length_buckets(widths, self.micro_batch_size)]
+
+    def equalized(self, pieces: list) -> list[tuple[object, float]]:
+        """(piece, weight) of each micro-batch to run; sharded, as many as on the process with the most
+        (zero-weight copies added: tasks/common/sharding.py)."""
+        return equalized(pieces, self.sharded, self.accelerator.device)
 
     def shards(self, batch: list) -> int:
         """How many processes split `batch` (Training.shard): all of them, or 1 when each holds it whole."""
@@ -229,7 +242,7 @@ class Training:
     @property
     def sharded(self) -> bool:
         """FSDP or DeepSpeed (an accelerate_config): weights and optimizer state spread over the processes."""
-        return self.accelerator.distributed_type.value in SHARDED
+        return self.accelerator.distributed_type.value in SHARDED_TYPES
 
     def gathered_weights(self) -> dict | None:
         """The full state dict, gathered from every process, when training is sharded (None otherwise:

@@ -160,12 +160,15 @@ def bucketed_logps(model, examples: list[Example], pad_id: int, device):
             sum(seen for _, _, seen in parts))
 
 
-def pair_logps(model, chosen: list[Example], rejected: list[Example], pad_id: int, device):
+def pair_logps(model, chosen: list[Example], rejected: list[Example], pad_id: int, device, one_call: bool = False):
     """Summed completion log-probs and completion token counts of a micro-batch's pairs (chosen
     rows first), and the non-pad tokens processed. Each pair's shared prompt goes through the model
     once (`shared_prompt_logps`) where that pads less than both sides whole in length buckets (a
     looping rejected side would pad every chosen one to its length) and the model runs directly;
-    otherwise both sides whole, in length buckets."""
+    otherwise both sides whole, in length buckets. `one_call`: both sides whole in one forward (a
+    sharded model, whose forwards are collectives: as many on every process)."""
+    if one_call:
+        return side_logps(model, chosen + rejected, pad_id, device)
     split = [shared_length(c, r) for c, r in zip(chosen, rejected)]
     if runs_directly(model) and min(split, default=0) >= 1 \
             and all(len(e.input_ids) > n for e, n in zip(chosen + rejected, split + split)) \
@@ -247,20 +250,21 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
     step_pairs = step_pairs or len(chosen)
     device = learner.accelerator.device
     loss_sum, wins, margin_sum, seen = 0.0, 0.0, 0.0, 0
-    pieces = learner.pieces(list(range(len(chosen))))
-    for index, piece in enumerate(pieces):
+    pieces = learner.equalized(learner.pieces(list(range(len(chosen)))))
+    for index, (piece, weight) in enumerate(pieces):
         with learner.accelerator.autocast():
             logps, scored, piece_seen = pair_logps(learner.model, [chosen[i] for i in piece],
-                                                   [rejected[i] for i in piece], pad_id, device)
+                                                   [rejected[i] for i in piece], pad_id, device, learner.sharded)
             n = len(piece)
             losses, chosen_rewards, rejected_rewards = preference_loss(
                 stage.method, stage.beta, logps[:n], logps[n:], ref_chosen[piece].to(device),
                 ref_rejected[piece].to(device), scored[:n], scored[n:])
-        learner.backward(losses.sum() * shards / step_pairs, last=index == len(pieces) - 1)
-        loss_sum += losses.sum().item()
-        wins += (chosen_rewards > rejected_rewards).float().sum().item()
-        margin_sum += (chosen_rewards - rejected_rewards).sum().item()
-        seen += piece_seen
+        learner.backward(losses.sum() * weight * shards / step_pairs, last=index == len(pieces) - 1)
+        if weight:  # a zero-weight piece only keeps a sharded model's collectives in step
+            loss_sum += losses.sum().item()
+            wins += (chosen_rewards > rejected_rewards).float().sum().item()
+            margin_sum += (chosen_rewards - rejected_rewards).sum().item()
+            seen += piece_seen
     learner.update()
     pairs = len(chosen)
     return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, seen

@@ -48,16 +48,17 @@ def train_step(learner: Learner, batch: list[Example], pad_id: int, step_tokens:
     × `shards` (Learner)."""
     step_tokens = step_tokens or sum(example.scored_tokens for example in batch)
     nll_sum, scored, seen = 0.0, 0, 0
-    pieces = learner.pieces(batch)
-    for index, piece in enumerate(pieces):
+    pieces = learner.equalized(learner.pieces(batch))
+    for index, (piece, weight) in enumerate(pieces):
         ids, mask, labels = collate(piece, pad_id, learner.accelerator.device)
         with learner.accelerator.autocast():
             logps, _, scored_positions = label_logps(learner.model, ids, mask, labels)
             piece_nll = -logps.sum()
-        learner.backward(piece_nll * shards / max(1, step_tokens), last=index == len(pieces) - 1)
-        nll_sum += piece_nll.item()
-        scored += int(scored_positions.sum())
-        seen += int(mask.sum())
+        learner.backward(piece_nll * weight * shards / max(1, step_tokens), last=index == len(pieces) - 1)
+        if weight:  # a zero-weight piece only keeps a sharded model's collectives in step
+            nll_sum += piece_nll.item()
+            scored += int(scored_positions.sum())
+            seen += int(mask.sum())
     learner.update()
     return nll_sum / max(1, scored), seen
 

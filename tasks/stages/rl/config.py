@@ -27,11 +27,19 @@ class RlLocalRollout(LocalRollout):
         if asynchronous is not None:
             raise ValueError("asynchronous: needs rollout.backend server (rollouts decode there while this trains)")
 
-    def source(self, stage: "RlStage", collect, model, tokenizer, ctx, processes: int):
-        """The step's rollouts from `model` itself, the one being trained."""
+    def source(self, stage: "RlStage", collect, training, tokenizer, ctx):
+        """The step's rollouts from the model being trained itself; sharded, on its whole weights,
+        gathered once a step (a different number of decode steps on each process)."""
+        from tasks.common.sharding import full_weights
         from tasks.stages.rl.sources import Rollouts
 
-        return Rollouts(collect, self.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size),
+        model = training.accelerator.unwrap_model(training.model)
+
+        def decoded(policy, step: int):
+            with full_weights(training.model):
+                return collect(policy, step)
+
+        return Rollouts(decoded, self.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size),
                         model)
 
 
@@ -56,13 +64,14 @@ class RlServerRollout(ServerRollout):
                              f"rollout.sync_every - 1 ({self.sync_every - 1}): rollouts wait for weights "
                              "that recent")
 
-    def source(self, stage: "RlStage", collect, model, tokenizer, ctx, processes: int):
+    def source(self, stage: "RlStage", collect, training, tokenizer, ctx):
         """The step's rollouts from the server, in lockstep or running ahead (`asynchronous`), the
         weights published to it; the server checked before any training."""
         from tasks.stages.rl.sources import AheadRollouts, LockstepRollouts
         from tasks.stages.rl.weight_sync import WeightSync
 
-        if stage.asynchronous is not None and processes > 1:
+        model = training.accelerator.unwrap_model(training.model)
+        if stage.asynchronous is not None and training.accelerator.num_processes > 1:
             raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
         server = self.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size)
         sync = WeightSync(server, self.sync_folder, ctx.stage_id, ctx.model.lora is not None)

@@ -136,12 +136,10 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")
     pools = {env_id: env.tasks("train", TASK_POOL, stage.seed) for env_id, env in envs.items()}
     training = start_training(ctx, stage, source, stage.steps, tokenizer, updates_per_step=stage.num_iterations)
-    model = training.accelerator.unwrap_model(training.model)
     reference = load_model(source, ctx.model).to(training.accelerator.device).eval() \
         if stage.beta and ctx.model.lora is None else None  # with LoRA: the policy with its adapters disabled
     sampler = EpisodeSampler(stage, tokenizer, envs, pools, str(training.accelerator.device))
-    rollouts = stage.rollout.source(stage, sampler.collect, model, tokenizer, ctx,
-                                    training.accelerator.num_processes)
+    rollouts = stage.rollout.source(stage, sampler.collect, training, tokenizer, ctx)
     rollouts.start(training.start)
     try:
         for step in range(training.start, stage.steps):

@@ -32,6 +32,7 @@ class Piece:
     old_logps: object = None  # the trainer's before the update: the first iteration's, detached
     behaviour_logps: object = None  # the sampler's, when another engine sampled the rows (a server)
     importance_weights: object = None  # truncated_importance_weights of old against behaviour
+    weight: float = 1.0  # 0: a copy that only keeps a sharded model's collectives in step (Learner.equalized)
 
 
 def train_step(training, reference, groups: list[list], stage, pad_id: int) -> tuple[dict, int]:
@@ -49,9 +50,11 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
     share = training.shard(step_rows)
     # rows another engine sampled (a server) carry its log-probs, which differ from the trainer's: importance-weighted
     weighted = stage.rollout.samples_elsewhere
+    micro_batches = learner.equalized(learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids))
+                                                              for r in share]))
     pieces = [Piece(padded_rows(rows, pad_id, device), torch.tensor([r.advantage for r in rows], device=device),
-                    behaviour_logps=padded_behaviour(rows, device) if weighted else None)
-              for rows in learner.buckets(share, [(len(r.prompt_ids), len(r.completion_ids)) for r in share])]
+                    behaviour_logps=padded_behaviour(rows, device) if weighted else None, weight=weight)
+              for rows, weight in micro_batches]
     for piece in pieces:
         piece.ref_logps = reference_logps(training, reference, piece.batch, stage.temperature) if stage.beta else None
     totals = {"loss": 0.0, "clipped": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0, "weight": 0.0, "capped": 0.0,
@@ -74,7 +77,9 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
                     max_completion_length=max_length, beta=stage.beta, denominator=denominator,
                     importance_weights=piece.importance_weights,
                     ratio_level="sequence" if stage.algorithm == "steppo" else "token")
-            learner.backward(loss, last=index == len(pieces) - 1)
+            learner.backward(loss * piece.weight, last=index == len(pieces) - 1)
+            if not piece.weight:  # it only keeps a sharded model's collectives in step
+                continue
             tokens = int(loss_mask.sum())
             totals["loss"] += loss.item() / stage.num_iterations
             totals["clipped"] += clip_fraction.item() * tokens / stage.num_iterations
@@ -91,7 +96,7 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
         learner.update()
     trained = max(1, totals["tokens"])
     metrics = {"loss": totals["loss"], "clip_fraction": totals["clipped"] / trained,
-               "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces)}
+               "entropy": totals["entropy"] / trained, "rows": sum(len(p.advantages) for p in pieces if p.weight)}
     if stage.beta:
         metrics["kl"] = totals["kl"] / trained
     if weighted:  # how far the server's log-probs are from the trainer's, and what the weights made of it

@@ -1,0 +1,153 @@
+"""Sharded training on two CPU processes (gloo), the tiny preset under torch's FSDP2 (`fully_shard`;
+accelerate does not run FSDP without CUDA). Every forward and backward is then a collective: the
+steps of sft, preference and rl, given deliberately uneven data per process (3 rows against 2, in
+micro-batches of 2), must run as many of them on both, and rl's decoding (a different number of
+prompts, so of decode steps, on each) must not be collectives at all. A hang would end at gloo's
+timeout as a failure. Each step must update the weights as one process does over the whole batch."""
+
+import datetime
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import free_port
+from test_micro_batches import ragged_examples
+
+from models.presets import materialize
+
+MICRO = 2
+GLOO_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def learner(model, micro_batch_size=MICRO):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from tasks.common.training import Learner
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=GLOO_TIMEOUT)])
+    return Learner(model, accelerator, optimizer, scheduler, micro_batch_size)
+
+
+def fresh_model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(materialize("tiny-llama"))).train()
+
+
+def sharded(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def rl_groups():
+    """One scored group of 5 ragged rows: 3 and 2 per process."""
+    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.stages.rl.scoring import Scored
+
+    group = []
+    for i, example in enumerate(ragged_examples(4, 5)):
+        prompt, completion = example.input_ids[:2], example.input_ids[2:] or [7]
+        turn = TurnRecord(prompt, completion, [], 0.0, False)
+        group.append(Scored(Trajectory("e", None, prompt, [turn]), [float(i)], False, False, 0.0, 0.0, True))
+    return [group]
+
+
+def rl_step(model, rank: int | None):
+    """rl's update over rl_groups(), each process on its share (Training.shard), as the stage runs it."""
+    from types import SimpleNamespace
+
+    from tasks.stages.rl import RlStage
+    from tasks.stages.rl.update import train_step
+
+    stage = RlStage(kind="rl", id="rl", policy="p", envs={"e": 1.0}, steps=1, group_size=5, max_tokens=8,
+                    scale_rewards="none", micro_batch_size=MICRO)
+    step_learner = learner(model)
+    processes = step_learner.accelerator.num_processes
+    training = SimpleNamespace(learner=step_learner, accelerator=step_learner.accelerator, model=model,
+                               shard=lambda rows: rows if processes == 1 else rows[rank::processes])
+    metrics, _ = train_step(training, None, rl_groups(), stage, 0)
+    return metrics
+
+
+def steps(model, rank: int | None, processes: int) -> dict:
+    """sft, preference, rl steps on `model`, each process on its share of the batch."""
+    from tasks.stages.preference import PreferenceStage
+    from tasks.stages.preference import train_step as preference_step
+    from tasks.stages.sft import train_step as sft_step
+
+    def share(items):
+        return items if rank is None else items[rank::processes]
+
+    examples = ragged_examples(1, 5)
+    step_tokens = sum(e.scored_tokens for e in examples)
+    sft_loss, _ = sft_step(learner(model), share(examples), 0, step_tokens, shards=processes)
+    chosen, rejected = ragged_examples(2, 5), ragged_examples(3, 5)
+    ref_chosen, ref_rejected = -torch.arange(5.0) * 3, -torch.arange(5.0) * 4
+    indices = share(list(range(5)))
+    stage = PreferenceStage(kind="preference", id="p", policy="s", data="g", method="dpo")
+    preference_step(learner(model), [chosen[i] for i in indices], [rejected[i] for i in indices],
+                    ref_chosen[indices], ref_rejected[indices], stage, 0, step_pairs=5, shards=processes)
+    rl_step(model, rank)
+    return {"sft_loss": sft_loss}
+
+
+def decode_uneven(model, rank: int) -> list[list[int]]:
+    """Greedy completions of 1 + 2 * rank prompts inside full_weights: no collective per step."""
+    from models.loading import load_tokenizer
+    from models.sampling import SamplingParams, chat_prompt
+    from tasks.common.rollouts import LocalPolicy
+    from tasks.common.sharding import full_weights
+
+    tokenizer = load_tokenizer(materialize("tiny-llama"))
+    prompts = [chat_prompt(tokenizer, f"What is {a} + 2?") for a in range(1 + 2 * rank)]
+    with full_weights(model), torch.no_grad():
+        generations = LocalPolicy(model, tokenizer).generate_many(prompts, SamplingParams(6), list(range(len(prompts))))
+    return [g.token_ids for g in generations]
+
+
+def full_state(model) -> dict:
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    from safetensors.torch import save_file
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", HF_HUB_OFFLINE="1")
+    torch.manual_seed(0)
+    model = fresh_model()
+    learner(model)  # the process group, as the stage's accelerator makes it
+    sharded(model)
+    decoded = decode_uneven(model, rank)
+    steps(model, rank, 2)
+    weights = full_state(model)
+    if rank == 0:
+        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, f"{out_dir}/weights.safetensors")
+    with open(f"{out_dir}/decoded-{rank}.json", "w") as handle:
+        json.dump(decoded, handle)
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_steps_with_uneven_data_finish_and_train_as_one_process(tmp_path):
+    from safetensors.torch import load_file
+
+    mp.start_processes(worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    torch.manual_seed(0)
+    alone = fresh_model()
+    steps(alone, None, 1)
+    expected = full_state(alone)
+    got = load_file(str(tmp_path / "weights.safetensors"))
+    worst = max((got[name] - expected[name]).abs().max().item() for name in expected)
+    assert worst < 1e-5, worst
+    decoded = [json.loads((tmp_path / f"decoded-{rank}.json").read_text()) for rank in range(2)]
+    assert [len(d) for d in decoded] == [1, 3] and decoded[0][0] == decoded[1][0]  # rank 1 decoded 3, whole weights
