@@ -5,6 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # the CPU build on this machine's disk; pyproject.toml bounds torch, this pins it
 TORCH := 2.13.0
+# DeepSpeed for the tests of DeepSpeed stages on CPU processes (tests/e2e/test_deepspeed.py): built
+# against the torch above (no build isolation, which would fetch another torch) with no compiled ops,
+# into a folder of its own that only that test puts on the path (imported anywhere, DeepSpeed warns
+# on every CPU run that it found no GPU)
+DEEPSPEED := 0.19.8
 
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -46,6 +51,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==$(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation --no-deps --target $(VENV)/deepspeed \
+	    deepspeed==$(DEEPSPEED) einops hjson msgpack ninja py-cpuinfo
 	touch $(STAMP)
 
 run: setup

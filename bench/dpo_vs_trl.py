@@ -34,7 +34,8 @@ from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
 from tasks.common.encoding import Example, encode_ids  # noqa: E402
-from tasks.common.training import Learner, batch_indices, make_optimizer  # noqa: E402
+from tasks.common.learner import Learner  # noqa: E402
+from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.preference import PreferenceStage, reference_logps, side_logps, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"

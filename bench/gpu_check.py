@@ -5,7 +5,8 @@ user's dataset, synthesize, sft, generate, preference, rl and evaluate, on the t
 again on a real model when one is in the local Hugging Face cache (LFM2-350M, Qwen3-0.6B: nothing
 is downloaded). It asserts from the run summary that every stage that runs a model ran on cuda,
 and writes bench/results/gpu_check.json with each stage's device, peak GPU memory, peak RSS and
-seconds. Then rl against a real vLLM server, with LoRA and with full-weight sync
+seconds. On a machine with two GPUs or more, the same pipeline's sft, preference and rl on two
+GPUs under FSDP2 (skipped, and said so, with one). Then rl against a real vLLM server, with LoRA and with full-weight sync
 (bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command). Each check is an entry of
 `checks`: {name, ok, seconds, peak_gpu_gb, tokens_per_second}. Without CUDA it refuses (exit 2):
 nothing in CI needs a GPU.
@@ -69,18 +70,40 @@ def cached_real_models() -> list[str]:
     return [model for model in REAL_MODELS if isinstance(try_to_load_from_cache(model, "config.json"), str)]
 
 
-def write_pipeline(folder: Path, base: str, lora: bool) -> Path:
-    """The check's spec and its data files in `folder`; returns the spec's path."""
+# FSDP2 over two GPUs, as a user's accelerate config file says it (the training stages of the FSDP pass)
+FSDP_CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+num_machines: 1
+num_processes: 2
+mixed_precision: bf16
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+"""
+TRAINING_STAGES = ("sft", "align", "rl")
+
+
+def write_pipeline(folder: Path, base: str, lora: bool, fsdp: bool = False) -> Path:
+    """The check's spec and its data files in `folder`; returns the spec's path. `fsdp`: the
+    training stages on two GPUs under FSDP_CONFIG."""
     for name, rows in (("chats", CHATS), ("pairs", PAIRS)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec_data = pipeline_spec(f"file://{folder / 'store'}", base, lora)
+    if fsdp:
+        (folder / "fsdp.yaml").write_text(FSDP_CONFIG)
+        for stage in spec_data["stages"]:
+            if stage["id"] in TRAINING_STAGES:
+                stage.update(gpus=2, accelerate_config="fsdp.yaml", mixed_precision="bf16")
     spec = folder / "gpu-check.yaml"
-    spec.write_text(yaml.safe_dump(pipeline_spec(f"file://{folder / 'store'}", base, lora), sort_keys=False))
+    spec.write_text(yaml.safe_dump(spec_data, sort_keys=False))
     return spec
 
 
-def run_pipeline(folder: Path, base: str, lora: bool) -> dict:
+def run_pipeline(folder: Path, base: str, lora: bool, fsdp: bool = False) -> dict:
     """`posttrain run` of the check's pipeline in `folder`; returns the run summary."""
-    spec = write_pipeline(folder, base, lora)
+    spec = write_pipeline(folder, base, lora, fsdp)
     summary_path = folder / "run.json"
     run = subprocess.run([sys.executable, "-m", "flows.cli.main", "run", str(spec), "--summary-json",
                           str(summary_path)], cwd=str(ROOT), capture_output=True, text=True)
@@ -126,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs[base] = figures
         checks.append(pipeline_check(base, figures))
         print(f"{base}: every model stage ran on cuda; {json.dumps(figures)}")
+    checks.append(fsdp_check(args.base))
     with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-vllm-") as folder:
         vllm_base = real_models[0] if real_models else str(materialize(args.base))
         checks += vllm_checks(vllm_base, Path(folder), args.vllm_port)
@@ -140,6 +164,21 @@ def main(argv: list[str] | None = None) -> dict:
     if any(check["ok"] is False for check in checks):
         raise SystemExit(1)
     return result
+
+
+def fsdp_check(base: str) -> dict:
+    """sft, preference and rl on two GPUs under FSDP2 (skipped, and said so, on one GPU)."""
+    import torch
+
+    name = "sft, preference and rl under FSDP on 2 GPUs"
+    if torch.cuda.device_count() < 2:
+        return {"name": name, "ok": None, "skipped": f"needs 2 GPUs, this machine has {torch.cuda.device_count()}"}
+    with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-fsdp-") as folder:
+        try:
+            figures = stage_figures(run_pipeline(Path(folder), base, False, fsdp=True))
+        except SystemExit as failure:
+            return {"name": name, "ok": False, "reason": str(failure)[:3000]}
+    return {**pipeline_check(base, figures), "name": name, "ok": not off_cuda(figures)}
 
 
 def pipeline_check(base: str, figures: dict[str, dict]) -> dict:

@@ -139,7 +139,8 @@ def random_ids(generator, vocab: int, n: int) -> list[int]:
 
 def prepared(model, stage):
     """As tasks.common.training.start_training: checkpointing, AdamW + schedule, accelerate on the CPU."""
-    from tasks.common.training import Learner, make_accelerator, make_optimizer
+    from tasks.common.learner import Learner
+    from tasks.common.training import make_accelerator, make_optimizer
 
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = make_optimizer(model, stage, 1)

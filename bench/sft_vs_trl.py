@@ -31,7 +31,8 @@ from models.config import ModelConfig  # noqa: E402
 from models.losses import completion_nll  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from tasks.common.encoding import Example, collate, encode_example  # noqa: E402
-from tasks.common.training import Learner, batch_indices, make_optimizer  # noqa: E402
+from tasks.common.learner import Learner  # noqa: E402
+from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.sft import SftStage, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"

@@ -26,3 +26,5 @@ class ModelConfig(BaseModel):
     # where every model of a stage runs: auto = cuda:<local rank> when the stage holds GPUs
     # (`gpus: N`) and CUDA is present, else the CPU (models/loading.py, stage_device)
     device: Literal["auto", "cpu"] = "auto"
+    # arguments of the model's chat template, in every rendering (Qwen3: {enable_thinking: false})
+    chat_template_kwargs: dict[str, bool | int | float | str] = {}

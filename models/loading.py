@@ -53,12 +53,16 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, model_cfg: ModelConfig | None = None):
+    """The tokenizer of a model folder; with `model_cfg`, its chat template's arguments
+    (`chat_template_kwargs`) go with it to every rendering (models/sampling.py: template_kwargs)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if model_cfg is not None and model_cfg.chat_template_kwargs:
+        tokenizer.posttrain_template_kwargs = dict(model_cfg.chat_template_kwargs)
     return tokenizer
 
 

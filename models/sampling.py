@@ -55,8 +55,14 @@ def prompt_turns(prompt: str) -> list[dict]:
 
 def chat_prompt(tokenizer, prompt: str) -> list[int]:
     text = tokenizer.apply_chat_template(prompt_turns(prompt), tokenize=False,
-                                         add_generation_prompt=True)
+                                         add_generation_prompt=True, **template_kwargs(tokenizer))
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def template_kwargs(tokenizer) -> dict:
+    """What the spec's `model.chat_template_kwargs` passes to the chat template (Qwen3's
+    `enable_thinking`), kept on the tokenizer by models/loading.py: load_tokenizer."""
+    return dict(getattr(tokenizer, "posttrain_template_kwargs", {}))
 
 
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float | None = None,

@@ -8,6 +8,7 @@ timeout as a failure. Each step must update the weights as one process does over
 import datetime
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ def learner(model, micro_batch_size=MICRO):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    from tasks.common.training import Learner
+    from tasks.common.learner import Learner
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -151,3 +152,65 @@ def test_fsdp_steps_with_uneven_data_finish_and_train_as_one_process(tmp_path):
     assert worst < 1e-5, worst
     decoded = [json.loads((tmp_path / f"decoded-{rank}.json").read_text()) for rank in range(2)]
     assert [len(d) for d in decoded] == [1, 3] and decoded[0][0] == decoded[1][0]  # rank 1 decoded 3, whole weights
+
+
+def adam_learner(model):
+    from tasks.common.learner import Learner
+
+    step_learner = learner(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return Learner(model, step_learner.accelerator, optimizer, scheduler, MICRO)
+
+
+def sft_steps(step_learner, rank: int, batches: list) -> None:
+    from tasks.stages.sft import train_step
+
+    for batch in batches:
+        train_step(step_learner, batch[rank::2], 0, sum(e.scored_tokens for e in batch), shards=2)
+
+
+def resume_worker(rank: int, port: int, out_dir: str) -> None:
+    """Three sft steps under AdamW uninterrupted; then two, each process keeping its own state
+    (`rank_state`, through bytes loaded with weights_only as from the store), a fresh model and
+    optimizer given the gathered weights and that state, and the third step."""
+    import io
+
+    from safetensors.torch import save_file
+
+    from tasks.common.checkpointing import load_state, placed, rank_state, set_rng_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", HF_HUB_OFFLINE="1")
+    batches = [ragged_examples(seed, 5) for seed in (5, 6, 7)]
+    torch.manual_seed(0)
+    learner(fresh_model())  # the process group
+    straight = adam_learner(sharded(fresh_model()))
+    sft_steps(straight, rank, batches)
+    first = adam_learner(sharded(fresh_model()))
+    sft_steps(first, rank, batches[:2])
+    buffer = io.BytesIO()
+    torch.save(rank_state(first.optimizer, with_optimizer=True), buffer)
+    (Path(out_dir) / f"rank-{rank}.pt").write_bytes(buffer.getvalue())
+    own = load_state(Path(out_dir) / f"rank-{rank}.pt")
+    resumed_model = fresh_model()
+    resumed_model.load_state_dict(full_state(first.model), strict=False)  # lm_head is tied to the embeddings
+    resumed = adam_learner(sharded(resumed_model))
+    resumed.optimizer.load_state_dict(placed(own["optimizer"], resumed.optimizer))
+    set_rng_state(own["rng"])
+    sft_steps(resumed, rank, batches[2:])
+    weights = {"straight": full_state(straight.model), "resumed": full_state(resumed.model)}
+    if rank == 0:
+        for name, state in weights.items():
+            save_file({key: tensor.contiguous() for key, tensor in state.items()}, f"{out_dir}/{name}.safetensors")
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_resume_keeps_each_processs_optimizer_shard_and_trains_as_uninterrupted(tmp_path):
+    from safetensors.torch import load_file
+
+    mp.start_processes(resume_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    straight, resumed = (load_file(str(tmp_path / f"{name}.safetensors")) for name in ("straight", "resumed"))
+    worst = max((straight[name] - resumed[name]).abs().max().item() for name in straight)
+    assert worst < 1e-6, worst
+    assert torch.load(tmp_path / "rank-1.pt", weights_only=True)["optimizer"]["state"]  # rank 1 kept its own shard

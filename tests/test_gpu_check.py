@@ -62,3 +62,12 @@ def test_without_a_vllm_command_the_vllm_check_says_it_was_skipped(tmp_path, mon
     monkeypatch.delenv("VLLM_BIN", raising=False)
     [check] = vllm_checks("tiny-llama", tmp_path, 8765)
     assert check["ok"] is None and check["skipped"].startswith("no vllm command")
+
+
+def test_the_fsdp_pass_puts_the_training_stages_on_two_gpus_under_fsdp(tmp_path):
+    from bench.gpu_check import TRAINING_STAGES
+
+    spec, _ = load_spec(write_pipeline(tmp_path, "tiny-llama", False, fsdp=True))
+    for stage in spec.stages:
+        assert spec.resolved(stage).gpus == (2 if stage.id in TRAINING_STAGES else 1)
+    assert "distributed_type: FSDP" in (tmp_path / "fsdp.yaml").read_text()

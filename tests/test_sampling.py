@@ -18,7 +18,8 @@ def model_and_tokenizer():
 
     from envs.arith import ArithEnv, ArithEnvConfig
     from tasks.common.encoding import encode_example
-    from tasks.common.training import Learner, batch_indices, make_optimizer
+    from tasks.common.learner import Learner
+    from tasks.common.training import batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
 
     folder = materialize("tiny-llama")

@@ -22,7 +22,8 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
     """`steps` SFT steps (batch 16, lr 3e-3) over `examples`; the folder goes away at exit."""
     from accelerate import Accelerator
 
-    from tasks.common.training import Learner, batch_indices, make_optimizer
+    from tasks.common.learner import Learner
+    from tasks.common.training import batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
 
     stage = SftStage(kind="sft", id="t", data="t", max_steps=steps, batch_size=16, learning_rate=3e-3)

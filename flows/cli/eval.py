@@ -43,7 +43,7 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     spec, env_ids = with_envs(spec, envs)
     stage = evaluation_stage(spec, env_ids, model, n, max_new_tokens)
     envs_ready = {env_id: with_rows(spec, env_id, make_env(env_id, spec.envs[env_id])) for env_id in env_ids}
-    tokenizer = load_tokenizer(resolve_base(spec.model.base))  # counts tokens and builds contexts
+    tokenizer = load_tokenizer(resolve_base(spec.model.base), spec.model)  # counts tokens and builds contexts
     api_key = os.environ.get(api_key_env, "") if api_key_env else None
     if api_key_env and not api_key:
         raise EndpointConfigError(f"--api-key-env: environment variable {api_key_env} is not set")

@@ -1,10 +1,12 @@
 """In-stage checkpoints of training stages, kept in the store so any worker can resume.
 
-Layout: scratch/<stage cache key>/step-<n>/{model/, state.pt, DONE}; DONE is written last,
+Layout: scratch/<stage cache key>/step-<n>/{model/, state.pt, rank-<r>.pt, DONE}; DONE is written last,
 so a step folder without it is ignored (the stage was killed while saving). The last two steps
 are kept: a step that fails to load (truncated, or not plain tensors and values) is skipped with a
 warning for the one before. The trainer state is tensors and plain values only, loaded with
 `torch.load(weights_only=True)`: whoever can write the store's scratch/ cannot run code through it.
+Under several processes each also keeps its own RNG states and, with FSDP, its shard of the
+optimizer's state (`rank-<r>.pt`), so a resumed sharded stage keeps Adam's moments.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ class Resumed:
     step: int
     model_dir: Path
     state: dict  # optimizer, scheduler, rng, history, promoted
+
+    def own_state(self, rank: int) -> dict | None:
+        """What process `rank` of a multi-process stage kept of its own (`rank_state`), if it did."""
+        path = self.model_dir.parent / f"rank-{rank}.pt"
+        return load_state(path) if path.is_file() else None
 
 
 KEEP = 2  # in-stage steps kept, so one that fails to load leaves the one before it
@@ -71,6 +78,56 @@ def set_cuda_rng_states(states: list) -> int:
     for index, gpu_state in enumerate(restorable):
         torch.cuda.set_rng_state(gpu_state, index)
     return len(restorable)
+
+
+def rank_state(optimizer, with_optimizer: bool) -> dict:
+    """What each process of a multi-process stage keeps of its own: its RNG states and, where the
+    optimizer's state is spread over the processes (FSDP), its part of it, sharded tensors as their
+    local shards (plain tensors: loaded with weights_only like the rest)."""
+    state = {"rng": rng_state()}
+    if with_optimizer:
+        state["optimizer"] = local_tensors(optimizer.state_dict())
+    return state
+
+
+def local_tensors(value):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, dict):
+        return {key: local_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(local_tensors(item) for item in value)
+    return value
+
+
+def placed(optimizer_state: dict, optimizer) -> dict:
+    """`local_tensors`' optimizer state with each shard placed as its parameter is (FSDP2's DTensors)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+
+    def as_param(value, param):
+        if isinstance(param, DTensor) and torch.is_tensor(value) and value.shape == param.to_local().shape \
+                and value.dim() > 0:
+            return DTensor.from_local(value, param.device_mesh, param.placements, shape=param.shape,
+                                      stride=param.stride())
+        return value
+
+    state = {index: {key: as_param(value, params[int(index)]) for key, value in values.items()}
+             for index, values in optimizer_state["state"].items()}
+    return {**optimizer_state, "state": state}
+
+
+def save_rank(ctx: StageContext, step: int, rank: int, state: dict) -> None:
+    """Process `rank`'s own state into step-<step> (before the committing process marks it DONE)."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    ctx.store.write_bytes(f"{ctx.scratch}/step-{step}/rank-{rank}.pt", buffer.getvalue())
 
 
 def save(ctx: StageContext, step: int, model, state: dict, weights: dict | None = None, keep: int = KEEP) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from data_contracts.formats import decoded
 from models.losses import IGNORE_INDEX
-from models.sampling import chat_prompt
+from models.sampling import chat_prompt, template_kwargs
 
 
 class TemplateError(ValueError):
@@ -48,14 +48,26 @@ def encode_example(tokenizer, prompt: str, completion: str, max_len: int) -> Exa
 
 def render(tokenizer, turns: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
     return tokenizer.apply_chat_template(turns, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+                                         add_generation_prompt=generation_prompt, **template_kwargs(tokenizer))
+
+
+class RewritesEarlierTurns(TemplateError):
+    """The template renders an earlier turn differently once a later one follows."""
 
 
 def assistant_spans(tokenizer, turns: list[dict], tools: list | None, trained_from: int = 0) -> tuple[str, list]:
     """The conversation rendered by the model's chat template, and the character spans of the
-    assistant turns at index >= `trained_from` (each from after its generation prompt to the end
-    of its rendering). Rendered turn by turn: a template that rewrites earlier turns when a later
-    one is added (e.g. one that drops past reasoning) is refused."""
+    assistant turns at index >= `trained_from`. Rendered turn by turn, each span from after its
+    generation prompt to the end of its rendering; a template that rewrites earlier turns when a
+    later one is added (Qwen3 drops the reasoning of answers before the last question, and gives
+    the last answer an empty think block) is rendered whole instead (`whole_spans`)."""
+    try:
+        return turn_by_turn_spans(tokenizer, turns, tools, trained_from)
+    except RewritesEarlierTurns:
+        return whole_spans(tokenizer, turns, tools, trained_from)
+
+
+def turn_by_turn_spans(tokenizer, turns: list[dict], tools: list | None, trained_from: int) -> tuple[str, list]:
     text, spans = "", []
     for k, turn in enumerate(turns):
         full = render(tokenizer, turns[:k + 1], tools)
@@ -72,9 +84,56 @@ def assistant_spans(tokenizer, turns: list[dict], tools: list | None, trained_fr
     return text, spans
 
 
-def _rewrites(tokenizer) -> TemplateError:
-    return TemplateError(f"the chat template of {tokenizer.name_or_path} rewrites earlier turns when a later one is "
-                         "added, so assistant-only masks cannot come from it; train on prompt_completion rows instead")
+def _rewrites(tokenizer) -> RewritesEarlierTurns:
+    return RewritesEarlierTurns(f"the chat template of {tokenizer.name_or_path} rewrites earlier turns when a later "
+                                "one is added, so assistant-only masks cannot come from it; train on "
+                                "prompt_completion rows instead")
+
+
+SENTINEL = "\u2063posttrain-answer\u2063"  # an answer no template writes on its own
+
+
+def whole_spans(tokenizer, turns: list[dict], tools: list | None, trained_from: int) -> tuple[str, list]:
+    """The conversation rendered whole (the context the model reads before its last answer), each
+    assistant turn's span found by the template's own assistant header and end-of-turn text, and
+    holding that turn's answer; a template where they cannot be found is refused."""
+    header, end = assistant_framing(tokenizer, tools)
+    text, spans, cursor = render(tokenizer, turns, tools), [], 0
+    for k, turn in enumerate(turns):
+        if turn["role"] != "assistant":
+            continue
+        start = text.find(header, cursor)
+        stop = text.find(end, start + len(header)) if start >= 0 else -1
+        if stop < 0 or visible_answer(turn) not in text[start + len(header):stop]:
+            raise TemplateError(str(_rewrites(tokenizer)))
+        cursor = stop + len(end)
+        if k >= trained_from and k > 0:
+            spans.append((start + len(header), cursor))
+    return text, spans
+
+
+def assistant_framing(tokenizer, tools: list | None) -> tuple[str, str]:
+    """(what the template writes before an answer, what it writes after one), read off a probe: an
+    answer followed by another question (no last-answer rewriting there)."""
+    question = [{"role": "user", "content": "u"}]
+    answered = question + [{"role": "assistant", "content": SENTINEL}]
+    base, probe = render(tokenizer, question, tools), render(tokenizer, answered + question, tools)
+    last = render(tokenizer, answered, tools)
+    if not probe.startswith(base) or SENTINEL not in probe[len(base):] or SENTINEL not in last:
+        raise TemplateError(str(_rewrites(tokenizer)))
+    header = probe[len(base):].split(SENTINEL)[0]
+    end = last.split(SENTINEL)[-1]
+    if not header or not end:
+        raise TemplateError(str(_rewrites(tokenizer)))
+    return header, end
+
+
+def visible_answer(turn: dict) -> str:
+    """The part of an assistant turn every template shows: its text after any reasoning block."""
+    content = turn.get("content")
+    if not isinstance(content, str):
+        return ""
+    return content.split("</think>")[-1].strip()
 
 
 def encode_conversation(tokenizer, turns: list[dict], max_len: int, tools: list | None = None,

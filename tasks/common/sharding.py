@@ -18,6 +18,7 @@ follow, applied by tasks/common/training.py's Learner and the stages:
 from __future__ import annotations
 
 import contextlib
+import os
 
 SHARDED_TYPES = ("FSDP", "DEEPSPEED")  # accelerate's distributed types that shard weights and optimizer state
 
@@ -77,3 +78,18 @@ def full_weights(model):
         for module in modules:
             module.reshard()
             module.set_reshard_after_forward(True)
+
+
+def deepspeed_batches(config: dict, micro_batch_size: int | None) -> None:
+    """A DeepSpeed config fit for the Learner: no fixed accumulation count (the Learner marks each
+    step's boundary, and its losses are already normalised per step: DeepSpeed would divide them
+    again), and the micro-batch size DeepSpeed requires when no dataloader is prepared."""
+    config["gradient_accumulation_steps"] = 1
+    if config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        config["train_micro_batch_size_per_gpu"] = micro_batch_size or 1
+    config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * int(os.environ.get("WORLD_SIZE", "1"))
+    config.setdefault("zero_allow_untested_optimizer", True)  # the stage's own AdamW under ZeRO
+    # ZeRO-3 spreads the weights: a checkpoint needs them gathered whole (accelerate's get_state_dict)
+    zero = config.setdefault("zero_optimization", {})
+    if isinstance(zero, dict):
+        zero["stage3_gather_16bit_weights_on_model_save"] = True

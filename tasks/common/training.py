@@ -7,8 +7,8 @@ checkpoint sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
-import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -16,7 +16,8 @@ from models.loading import enable_activation_checkpointing, load_model
 from tasks.common import checkpointing
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.progress import Progress
-from tasks.common.sharding import SHARDED_TYPES, equalized, is_sharded
+from tasks.common.learner import Learner
+from tasks.common.sharding import SHARDED_TYPES, deepspeed_batches
 from tasks.common.trackers import Trackers
 from tasks.config import DatasetTrainStage, TrainStage
 
@@ -91,94 +92,6 @@ def make_optimizer(model, stage: TrainStage, steps: int):
     return optimizer, scheduler
 
 
-PIECE_OVERHEAD_TOKENS = 512  # one more forward + backward costs about as much as this many padded tokens
-SPAN_ROWS = 256  # the longest micro-batch the cut considers: past it, one call's overhead is noise
-
-
-def length_buckets(widths: list[tuple[int, ...]], max_rows: int | None = None,
-                   overhead: int = PIECE_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Row indices cut into micro-batches that waste the least on padding.
-
-    A micro-batch of n rows pads each part k (left-padded prompt, right-padded completion) to its
-    longest, so costs n · Σ_k max_k plus `overhead` for the call itself. Rows sorted by total
-    length, the cheapest cut into runs of at most `max_rows` comes from a dynamic programme
-    (O(n · SPAN_ROWS)). One straggling 64-token row no longer pads 63 rows of ~38 to its length.
-    """
-    order = sorted(range(len(widths)), key=lambda i: (sum(widths[i]), i))
-    best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        longest = [0] * len(widths[0])
-        for start in range(end - 1, -1, -1):
-            if end - start > (max_rows or SPAN_ROWS):
-                break
-            longest = [max(a, b) for a, b in zip(longest, widths[order[start]])]
-            cost = best[start] + (end - start) * sum(longest) + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    buckets, end = [], len(order)
-    while end > 0:
-        buckets.append(sorted(order[cut[end]:end]))  # rows keep their order within a micro-batch
-        end = cut[end]
-    return buckets[::-1]
-
-
-@dataclass
-class Learner:
-    """A model and its optimizer, as one step's micro-batches update it.
-
-    A step's loss is the sum of its micro-batches' losses, each normalised by the whole step's
-    count (tokens, pairs, rows: what the loss averages over) and multiplied by `shards`: DDP
-    averages gradients over the processes that split the batch. So the step's gradient is that of
-    the whole batch in one piece, whatever the micro-batch size and the number of processes.
-    """
-
-    model: object
-    accelerator: object
-    optimizer: object
-    scheduler: object
-    micro_batch_size: int | None = None  # None: the whole share at once
-
-    def pieces(self, rows: list) -> list[list]:
-        size = self.micro_batch_size or len(rows) or 1
-        return [rows[start:start + size] for start in range(0, len(rows), size)]
-
-    @property
-    def sharded(self) -> bool:
-        """Weights spread over the processes: every forward and backward is a collective (tasks/common/sharding.py)."""
-        return is_sharded(self.model, self.accelerator)
-
-    def buckets(self, rows: list, widths: list[tuple[int, ...]]) -> list[list]:
-        """`rows` regrouped by length into micro-batches of at most `micro_batch_size` (see
-        length_buckets); `widths[i]` holds the lengths of row i's separately padded parts. Sharded,
-        fixed-size pieces: how many length buckets there are depends on each process's data."""
-        if self.sharded:
-            return self.pieces(rows)
-        return [[rows[i] for i in bucket] for bucket in length_buckets(widths, self.micro_batch_size)]
-
-    def equalized(self, pieces: list) -> list[tuple[object, float]]:
-        """(piece, weight) of each micro-batch to run; sharded, as many as on the process with the most
-        (zero-weight copies added: tasks/common/sharding.py)."""
-        return equalized(pieces, self.sharded, self.accelerator.device)
-
-    def shards(self, batch: list) -> int:
-        """How many processes split `batch` (Training.shard): all of them, or 1 when each holds it whole."""
-        processes = self.accelerator.num_processes
-        return processes if len(batch) >= processes else 1
-
-    def backward(self, loss, last: bool) -> None:
-        """Accumulate one micro-batch's gradients; processes exchange theirs only after the last."""
-        sync = contextlib.nullcontext() if last or self.accelerator.num_processes == 1 \
-            else self.accelerator.no_sync(self.model)
-        with sync:
-            self.accelerator.backward(loss)
-
-    def update(self, max_grad_norm: float = 1.0) -> None:
-        self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-
 @dataclass
 class Training:
     """A model being trained by a stage, with everything a resume needs."""
@@ -227,6 +140,10 @@ class Training:
         """Scratch state for a resume, and the weights committed as `<pipeline>/<stage>.step-<n>`
         (by the committing process only; the others' weights are the same)."""
         weights = self.gathered_weights()  # every process takes part in the gathering
+        if self.accelerator.num_processes > 1:
+            own = checkpointing.rank_state(self.optimizer, self.sharded and not self.deepspeed)
+            checkpointing.save_rank(self.ctx, step, self.accelerator.process_index, own)
+            self.accelerator.wait_for_everyone()  # every process's part is in before the step is marked DONE
         if not self.ctx.is_main:
             return
         model = self.accelerator.unwrap_model(self.model)
@@ -243,6 +160,11 @@ class Training:
     def sharded(self) -> bool:
         """FSDP or DeepSpeed (an accelerate_config): weights and optimizer state spread over the processes."""
         return self.accelerator.distributed_type.value in SHARDED_TYPES
+
+    @property
+    def deepspeed(self) -> bool:
+        """DeepSpeed keeps its optimizer state inside its engine, in its own format: not kept here."""
+        return self.accelerator.distributed_type.value == "DEEPSPEED"
 
     def gathered_weights(self) -> dict | None:
         """The full state dict, gathered from every process, when training is sharded (None otherwise:
@@ -293,7 +215,12 @@ def make_accelerator(stage: TrainStage, device: str):
     if stage.mixed_precision == "fp16" and device == "cpu":
         raise ValueError(f"stage {stage.id!r}: mixed_precision: fp16 needs a CUDA device and this stage runs on "
                          "the CPU; use bf16 (CPU and recent GPUs) or no")
-    return Accelerator(cpu=device == "cpu", mixed_precision=stage.mixed_precision)
+    # accelerate drops a DeepSpeed config when told to use the CPU: DeepSpeed finds the CPU itself
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    accelerator = Accelerator(cpu=device == "cpu" and not deepspeed, mixed_precision=stage.mixed_precision)
+    if accelerator.state.deepspeed_plugin is not None:
+        deepspeed_batches(accelerator.state.deepspeed_plugin.deepspeed_config, stage.micro_batch_size)
+    return accelerator
 
 
 def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int, tokenizer,
@@ -314,13 +241,16 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
     if resumed:
+        own = resumed.own_state(accelerator.process_index) if accelerator.num_processes > 1 else None
         if "optimizer" in resumed.state:
             optimizer.load_state_dict(resumed.state["optimizer"])
+        elif own is not None and "optimizer" in own:
+            optimizer.load_state_dict(checkpointing.placed(own["optimizer"], optimizer))
         else:
-            ctx.log("the in-stage checkpoint holds no optimizer state (sharded training): Adam's moments restart",
-                    "WARNING")
+            ctx.log("the in-stage checkpoint holds no optimizer state (DeepSpeed's stays in its engine): Adam's "
+                    "moments restart", "WARNING")
         scheduler.load_state_dict(resumed.state["scheduler"])
-        checkpointing.set_rng_state(resumed.state["rng"])
+        checkpointing.set_rng_state(own["rng"] if own is not None else resumed.state["rng"])
         training.start, training.history = resumed.step, resumed.state["history"]
         training.promoted = resumed.state["promoted"]
         ctx.log(f"resuming from in-stage checkpoint at step {resumed.step}/{steps}")

@@ -46,8 +46,8 @@ def _use_cpu_without_cuda() -> None:
     launch runs everywhere (a CPU box runs a `gpus: 2` stage as two CPU processes)."""
     import torch
 
-    if not torch.cuda.is_available():
-        os.environ["ACCELERATE_USE_CPU"] = "1"
+    if not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED") != "true":
+        os.environ["ACCELERATE_USE_CPU"] = "1"  # DeepSpeed runs on the CPU itself (gloo); asked to, accelerate drops it
 
 
 def commit_outputs(ctx, outputs: dict, primary: str, checked: dict) -> dict[str, str]:

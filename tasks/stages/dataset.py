@@ -178,7 +178,7 @@ def run(stage: DatasetStage, ctx: StageContext) -> dict[str, StageOutput]:
     imported = imported_rows(stage, name, picked(stage, rows))
     progress = Progress(len(imported), 0, ctx.stage_id, log_every=10 * TOKENIZE_CHUNK,
                         on_update=ctx.report_progress)  # a step: one row tokenized
-    token_lengths(imported, name, load_tokenizer(base), progress.update)
+    token_lengths(imported, name, load_tokenizer(base, ctx.model), progress.update)
     folder = ctx.workdir / "dataset"
     write_rows(imported, folder)
     metrics = {"format": name, "source_rows": len(rows), "rows": len(imported)}

@@ -175,7 +175,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
                         on_update=ctx.report_progress)  # a step: one checkpoint on one env
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
-        tokenizer = load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder, ctx.model)
         policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
         metrics[checkpoint] = {}
         for env_id in stage.envs:

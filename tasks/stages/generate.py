@@ -154,7 +154,7 @@ def rollout_rows(env, groups: list[list[Trajectory]], stage: GenerateStage) -> l
 def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     folder = ctx.fetch(stage.policy)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, ctx.model)
     policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
     env = ctx.env(stage.env)
     tasks = env.tasks(stage.split, stage.n, stage.seed)

@@ -29,8 +29,8 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_rows, write_rows
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
-from tasks.common.training import (PIECE_OVERHEAD_TOKENS, Learner, length_buckets, mixed_batch_indices,
-                                   start_training, total_steps)
+from tasks.common.learner import PIECE_OVERHEAD_TOKENS, Learner, length_buckets
+from tasks.common.training import mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
 
 
@@ -275,7 +275,7 @@ def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:
 
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, ctx.model)
     pairs, stats, sizes = [], PairStats(), []
     for data in stage.datasets():
         found, counted = dataset_pairs(data, read_rows(ctx.fetch(data)), stage.min_reward_gap)

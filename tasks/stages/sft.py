@@ -13,7 +13,8 @@ from models.token_logps import label_logps
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
-from tasks.common.training import Learner, mixed_batch_indices, start_training, total_steps
+from tasks.common.learner import Learner
+from tasks.common.training import mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage
 
 
@@ -83,7 +84,7 @@ def start_checkpoint(stage: SftStage, ctx: StageContext) -> str:
 def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = start_checkpoint(stage, ctx)
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, ctx.model)
     datasets = [sft_rows(data, read_rows(ctx.fetch(data))) for data in stage.datasets()]
     examples = [encode_row(tokenizer, row, stage.max_seq_len) for rows in datasets for row in rows]
     sizes, weights = [len(rows) for rows in datasets], stage.weights()

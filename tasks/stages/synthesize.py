@@ -170,7 +170,7 @@ def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
     env = ctx.env(stage.env)
     tasks = drawn_tasks(env, stage)
     base = resolve_base(ctx.model.base)
-    tokenizer = load_tokenizer(base)
+    tokenizer = load_tokenizer(base, ctx.model)
     progress = Progress(len(tasks), 0, ctx.stage_id, log_every=CHUNK,
                         on_update=ctx.report_progress)  # a step: one teacher episode
     if env.max_turns > 1:

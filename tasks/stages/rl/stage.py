@@ -129,7 +129,7 @@ def train_on(rollouts, step: int, training, reference, stage: RlStage, tokenizer
 def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, ctx.model)
     envs = {env_id: ctx.env(env_id) for env_id in stage.envs}
     for env_id, env in envs.items():
         if env.restarts_context and stage.algorithm != "steppo":  # a grpo row is one growing context
