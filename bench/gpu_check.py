@@ -3,13 +3,14 @@
 Runs a small pipeline through the real CLI (`posttrain run`) with `gpus: 1` on every stage: a
 user's dataset, synthesize, sft, generate, preference, rl and evaluate, on the tiny preset, and
 again on a real model when one is in the local Hugging Face cache (LFM2-350M, Qwen3-0.6B: nothing
-is downloaded). It asserts from the run summary that every stage that runs a model ran on cuda,
-and writes bench/results/gpu_check.json with each stage's device, peak GPU memory, peak RSS and
-seconds. On a machine with two GPUs or more, the same pipeline's sft, preference and rl on two
-GPUs under FSDP2 (skipped, and said so, with one). Then rl against a real vLLM server, with LoRA and with full-weight sync
-(bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command). Each check is an entry of
-`checks`: {name, ok, seconds, peak_gpu_gb, tokens_per_second}. Without CUDA it refuses (exit 2):
-nothing in CI needs a GPU.
+is downloaded), else on a model of Qwen3-0.6B's size with random weights. It asserts from the run
+summary that every stage that runs a model ran on cuda. On a machine with two GPUs or more, the
+pipeline's sft, preference and rl run again on two GPUs under FSDP2 (skipped, and said so, with
+one). Then rl against a real vLLM server, with LoRA and with full-weight sync
+(bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command). It writes
+bench/results/gpu_check.json: each stage's device, peak GPU memory, peak RSS and seconds, and each
+check as an entry of `checks`: {name, ok, seconds, peak_gpu_gb, tokens_per_second}. Without CUDA
+it refuses (exit 2): nothing in CI needs a GPU.
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(2)
     runs, checks = {}, []
     real_models = cached_real_models()
-    for base, lora in [(args.base, False), *((model, True) for model in real_models)]:
+    sized = tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-sized-")
+    # without a real model in the cache, its size at least: Qwen3-0.6B's config, random weights
+    bases = real_models or [str(sized_model("qwen3-0.6b", Path(sized.name)))]
+    for base, lora in [(args.base, False), *((model, True) for model in bases)]:
         with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-") as folder:
             figures = stage_figures(run_pipeline(Path(folder), base, lora))
         missed = off_cuda(figures)
@@ -149,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs[base] = figures
         checks.append(pipeline_check(base, figures))
         print(f"{base}: every model stage ran on cuda; {json.dumps(figures)}")
+    sized.cleanup()
     checks.append(fsdp_check(args.base))
     with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-vllm-") as folder:
         vllm_base = real_models[0] if real_models else str(materialize(args.base))
@@ -164,6 +169,23 @@ def main(argv: list[str] | None = None) -> dict:
     if any(check["ok"] is False for check in checks):
         raise SystemExit(1)
     return result
+
+
+def sized_model(name: str, folder: Path) -> Path:
+    """A checkpoint folder with a published model's config (bench/scale.py: PUBLISHED), random
+    weights and the tiny presets' tokenizer: the real size on the GPU, with nothing downloaded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bench.scale import PUBLISHED
+    from models.loading import load_tokenizer
+
+    config = AutoConfig.for_model(PUBLISHED[name]["model_type"], **PUBLISHED[name]["config"])
+    torch.manual_seed(0)
+    target = folder / f"{name}-sized"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(target))
+    load_tokenizer(materialize("tiny-llama")).save_pretrained(str(target))
+    return target
 
 
 def fsdp_check(base: str) -> dict:

@@ -1,6 +1,7 @@
 """`make gpu-check` (bench/gpu_check.py): its pipeline is a valid spec with every stage kind, it
 refuses on a machine without CUDA, and it names the stages that did not run on cuda."""
 
+import json
 import subprocess
 import sys
 
@@ -71,3 +72,17 @@ def test_the_fsdp_pass_puts_the_training_stages_on_two_gpus_under_fsdp(tmp_path)
     for stage in spec.stages:
         assert spec.resolved(stage).gpus == (2 if stage.id in TRAINING_STAGES else 1)
     assert "distributed_type: FSDP" in (tmp_path / "fsdp.yaml").read_text()
+
+
+def test_the_sized_model_has_the_published_config_and_a_tokenizer(tmp_path, monkeypatch):
+    """On a GPU box without the hub's weights, the check still runs a model of Qwen3-0.6B's size
+    (here with its width cut, so the test stays light: the folder is built the same way)."""
+    from bench import scale
+    from bench.gpu_check import sized_model
+    from models.loading import load_tokenizer
+
+    monkeypatch.setitem(scale.PUBLISHED["qwen3-0.6b"], "config", scale.TINY["qwen3-0.6b"])
+    folder = sized_model("qwen3-0.6b", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["head_dim"] == 16
+    assert load_tokenizer(folder).eos_token is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from tasks.common.sharding import equalized, is_sharded
+from tasks.common.sharding import equalized, is_sharded, summed_over_processes
 
 PIECE_OVERHEAD_TOKENS = 512  # one more forward + backward costs about as much as this many padded tokens
 SPAN_ROWS = 256  # the longest micro-batch the cut considers: past it, one call's overhead is noise
@@ -73,6 +73,11 @@ class Learner:
             return self.pieces(rows)
         return [[rows[i] for i in bucket] for bucket in length_buckets(widths, self.micro_batch_size)]
 
+    def step_totals(self, values: list[float], shards: int) -> list[float]:
+        """A step's loss sums and counts over its whole batch: summed over the processes that split
+        it (`shards` > 1), as they are where each holds the whole batch."""
+        return summed_over_processes(values, self.accelerator.device) if shards > 1 else list(values)
+
     def equalized(self, pieces: list) -> list[tuple[object, float]]:
         """(piece, weight) of each micro-batch to run; sharded, as many as on the process with the most
         (zero-weight copies added: tasks/common/sharding.py)."""
@@ -100,7 +105,11 @@ class Learner:
             self.accelerator.backward(loss)
 
     def update(self, max_grad_norm: float = 1.0) -> None:
-        self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm)
-        self.optimizer.step()
+        """Clip, step, zero the gradients, advance the schedule. Under DeepSpeed the engine did the
+        first three at the step's last backward (clipping at accelerate's 1.0): only the schedule
+        (the stage's own, never handed to the engine) moves here."""
+        if self.accelerator.distributed_type.value != "DEEPSPEED":
+            self.accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)

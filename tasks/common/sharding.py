@@ -45,6 +45,19 @@ def most_over_processes(count: int, device) -> int:
     return int(value.item())
 
 
+def summed_over_processes(values: list[float], device) -> list[float]:
+    """Each of `values` summed over the processes (a collective: every process calls it): a step's
+    loss and counts over the whole batch, not one process's share."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(values)
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
 def equalized(pieces: list, sharded: bool, device) -> list[tuple[object, float]]:
     """(piece, weight) of each micro-batch to run: every piece at weight 1, then, where the weights
     are sharded, zero-weight copies of the last piece until this process runs as many as the

@@ -211,13 +211,17 @@ def make_accelerator(stage: TrainStage, device: str):
     """accelerate's Accelerator on the stage's device, with its mixed precision (autocast over
     fp32 weights). fp16 autocast needs CUDA: refused on the CPU."""
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     if stage.mixed_precision == "fp16" and device == "cpu":
         raise ValueError(f"stage {stage.id!r}: mixed_precision: fp16 needs a CUDA device and this stage runs on "
                          "the CPU; use bf16 (CPU and recent GPUs) or no")
-    # accelerate drops a DeepSpeed config when told to use the CPU: DeepSpeed finds the CPU itself
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
-    accelerator = Accelerator(cpu=device == "cpu" and not deepspeed, mixed_precision=stage.mixed_precision)
+    # accelerate drops a DeepSpeed config when told to use the CPU: DeepSpeed finds the CPU itself,
+    # and gloo must be named there, or accelerate counts one process where DeepSpeed runs several
+    deepspeed_on_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" and device == "cpu"
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if deepspeed_on_cpu else []
+    accelerator = Accelerator(cpu=device == "cpu" and not deepspeed_on_cpu, mixed_precision=stage.mixed_precision,
+                              kwargs_handlers=handlers)
     if accelerator.state.deepspeed_plugin is not None:
         deepspeed_batches(accelerator.state.deepspeed_plugin.deepspeed_config, stage.micro_batch_size)
     return accelerator
@@ -238,7 +242,9 @@ def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int
     if stage.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer, scheduler = make_optimizer(model, stage, steps * updates_per_step)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # the schedule stays ours, stepped once per optimizer step: accelerate's wrapper would step it once
+    # per process (it assumes a dataloader split into bigger batches), ending it N times too early
+    model, optimizer = accelerator.prepare(model, optimizer)
     training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
     if resumed:
         own = resumed.own_state(accelerator.process_index) if accelerator.num_processes > 1 else None

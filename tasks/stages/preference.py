@@ -239,7 +239,7 @@ def reference_logps(model, examples: list[Example], pad_id: int, device) -> list
 def train_step(learner: Learner, chosen: list[Example], rejected: list[Example], ref_chosen, ref_rejected,
                stage: PreferenceStage, pad_id: int, step_pairs: int | None = None, shards: int = 1) -> tuple[dict, int]:
     """One optimizer step on this process's share of a batch of pairs, in micro-batches of pairs;
-    returns (metrics over the share, non-pad tokens processed).
+    returns (metrics over the step's pairs, non-pad tokens processed: every process's, when they split it).
 
     The loss is the mean of `preference_loss` over the step's `step_pairs` pairs (every process's
     share; default: this share's), × `shards` (Learner). A micro-batch's chosen and
@@ -266,8 +266,9 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
             margin_sum += (chosen_rewards - rejected_rewards).sum().item()
             seen += piece_seen
     learner.update()
-    pairs = len(chosen)
-    return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, seen
+    loss_sum, wins, margin_sum, seen, pairs = learner.step_totals([loss_sum, wins, margin_sum, seen, len(chosen)],
+                                                                  shards)
+    return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, int(seen)
 
 
 def run(stage: PreferenceStage, ctx: StageContext) -> dict[str, StageOutput]:

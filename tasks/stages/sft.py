@@ -42,7 +42,7 @@ class SftStage(DatasetTrainStage):
 def train_step(learner: Learner, batch: list[Example], pad_id: int, step_tokens: int | None = None,
                shards: int = 1) -> tuple[float, int]:
     """One optimizer step on this process's share of a batch, in micro-batches; returns (mean loss
-    over the share's completion tokens, non-pad tokens processed).
+    over the step's completion tokens, non-pad tokens processed: every process's, when they split it).
 
     The loss is `completion_nll` over the whole step: Σ −log πθ(y_t | y_<t) / `step_tokens`, the
     completion tokens of the step's whole batch (every process's share; default: this share's),
@@ -61,7 +61,8 @@ def train_step(learner: Learner, batch: list[Example], pad_id: int, step_tokens:
             scored += int(scored_positions.sum())
             seen += int(mask.sum())
     learner.update()
-    return nll_sum / max(1, scored), seen
+    nll_sum, scored, seen = learner.step_totals([nll_sum, scored, seen], shards)
+    return nll_sum / max(1, scored), int(seen)
 
 
 def sft_rows(data: str, rows: list[dict]) -> list[dict]:

@@ -30,14 +30,16 @@ SFT = {"max_steps": 3, "batch_size": 5, "micro_batch_size": 2, "warmup_steps": 0
 DEEPSPEED_PATH = ROOT / ".venv" / "deepspeed"
 
 
-def losses(folder, sft: dict, model: dict | None = None, env: dict | None = None) -> list[float]:
-    """The sft stage's loss at each step of a tiny spec run in `folder`."""
+def losses(folder, sft: dict, model: dict | None = None, env: dict | None = None,
+           says: str | None = None) -> list[float]:
+    """The sft stage's loss at each step of a tiny spec run in `folder` (whose output says `says`)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = tiny_spec(f"file://{folder / 'store'}", sft=sft)
     spec["model"].update(model or {})
     spec["stages"] = spec["stages"][:2]
     run = posttrain("run", write(folder, spec), "--summary-json", folder / "run.json", env=env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert says is None or says in run.stdout.splitlines(), run.stdout[-4000:]
     stage = by_id(summary(folder / "run.json"))["sft"]
     report = Store(f"file://{folder / 'store'}").fetch(stage["outputs"]["report"])
     return [json.loads(line)["loss"] for line in (report / "metrics.jsonl").read_text().splitlines()]
@@ -55,6 +57,7 @@ def test_deepspeed_steps_once_per_step_and_trains_as_one_process(tmp_path, zero_
         pytest.skip(f"DeepSpeed is not installed in {DEEPSPEED_PATH} (make test installs it)")
     (tmp_path / "ds.yaml").write_text(DEEPSPEED_CONFIG.format(stage=zero_stage))
     sharded = losses(tmp_path / "run", {**SFT, "gpus": 2, "accelerate_config": str(tmp_path / "ds.yaml")},
-                     {"device": "cpu"}, env={"PYTHONPATH": str(DEEPSPEED_PATH)})
+                     {"device": "cpu"}, env={"PYTHONPATH": str(DEEPSPEED_PATH)},
+                     says="[sft] 2 processes (DEEPSPEED), each on its share of every batch")  # not DDP instead
     assert sharded == pytest.approx(alone, rel=1e-4)
     assert sharded[-1] < sharded[0]

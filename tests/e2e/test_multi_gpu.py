@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from artifacts.store import Store
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
+from tasks.common.training import lr_factor
 
 
 # DDP as a GPU box's config says it; without CUDA the processes train on the CPU (gloo), as with --multi_gpu
@@ -50,4 +53,7 @@ def test_a_two_gpu_stage_trains_as_two_processes_and_commits_once(tmp_path):
     report = artifact_store.fetch(stages["sft"]["outputs"]["report"])
     history = [json.loads(line) for line in (report / "metrics.jsonl").read_text().splitlines()]
     assert len(history) == 20 and history[-1]["loss"] < history[0]["loss"] / 2
+    # the schedule moves once per optimizer step, as in one process (accelerate's scheduler wrapper
+    # would move it once per process)
+    assert [h["lr"] for h in history] == pytest.approx([0.003 * lr_factor(s + 1, 5, 20) for s in range(20)])
     assert stages["rl"]["outputs"]["checkpoint"] != stages["sft"]["outputs"]["checkpoint"]
