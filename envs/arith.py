@@ -33,6 +33,11 @@ class ArithEnvConfig(BaseModel):
     # so greedy decoding of a model that learned the traces well repeats it forever: the doom
     # loop that sampling escapes and on-policy preference training removes.
     self_check_rate: float = Field(0.0, ge=0, lt=1)
+    # A teacher right only part of the time: on this share of the problems whose units carry (a
+    # fixed choice per problem), its traces forget the carry (27+15 = 32) and answer that. SFT
+    # imitates the slips; only a reward that checks the answer (rl) can train them away. The
+    # env's own checks (`oracle_actions`, `posttrain envs check`) always play the right sum.
+    teacher_slip_rate: float = Field(0.0, ge=0, le=1)
 
 
 def final_answers(completion: str) -> list[str]:
@@ -97,15 +102,28 @@ class ArithEnv(EnvBase):
         return SingleTurn()
 
     def oracle_actions(self, task: Task) -> list[str]:
-        return [self.reference_completion(task)]
+        """The right sum in the teacher's words (its self-checks, never its slips)."""
+        return [self._trace(task, int(task.answer))]
 
     def reference_completion(self, task: Task) -> str:
+        """The teacher's trace, which synthesize trains on: slips included."""
+        return self._trace(task, self.teacher_answer(task))
+
+    def teacher_answer(self, task: Task) -> int:
+        """The task's answer, or the teacher's slip: the sum without its carry."""
+        a, op, b = task.info["a"], task.info["op"], task.info["b"]
+        carries = op == "+" and a % 10 + b % 10 >= 10
+        if carries and random.Random(f"slip:{a}{op}{b}").random() < self.config.teacher_slip_rate:
+            return int(task.answer) - 10
+        return int(task.answer)
+
+    def _trace(self, task: Task, answer: int) -> str:
         a, op, b = task.info["a"], task.info["op"], task.info["b"]
         draws = random.Random(f"checks:{a}{op}{b}")
         checks = 0
         while draws.random() < self.config.self_check_rate:
             checks += 1
-        return COMPLETION.format(a=a, op=op, b=b, c=task.answer, checks=SELF_CHECK * checks)
+        return COMPLETION.format(a=a, op=op, b=b, c=answer, checks=SELF_CHECK * checks)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         return correctness(completion, task) == 1.0

@@ -24,6 +24,7 @@ from artifacts.refs import BadRef, Ref
 from artifacts.store import Store, StoreError, StoreLocation
 from envs.loader import ENV_CONFIG, ENV_KINDS
 from flows.leaderboard import publish_leaderboard
+from flows.learning_curves import publish_stage_curves
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
 from flows.spec_data import env_inputs
@@ -188,5 +189,6 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
                     f"doom-loop {values['doom_loop_rate']:.1%} (n={values['n']})")
     publish_reports(artifact_store, plan.spec.name, f"{plan.label}-eval", result["outputs"])
     publish_leaderboard(artifact_store, plan.spec.name)
+    publish_stage_curves(artifact_store, plan.spec.name, checkpoint_ref)
     return {"checkpoint": checkpoint_ref, "state": "cached" if cached else "completed",
             "results": result["outputs"]["results"], "report": result["outputs"]["report"], "metrics": metrics}

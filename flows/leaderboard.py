@@ -17,7 +17,8 @@ COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "n")
 
 def evaluations(store: Store, pipeline: str) -> list[dict]:
     """One row per (checkpoint ref, env, n): its metrics, the evaluation's ref, and the checkpoint's
-    run and creation time; the newest evaluation wins when settings repeat."""
+    run, creation time, stage, cache key, step and inputs; the newest evaluation wins when
+    settings repeat."""
     manifests = store.manifests(pipeline)
     evaluated = [m for m in manifests.values()
                  if m["kind"] == "dataset" and produces(m["producer"].get("stage_kind")) == "evaluation"]
@@ -33,9 +34,19 @@ def evaluations(store: Store, pipeline: str) -> list[dict]:
     checkpoints = {row["checkpoint"]: manifests.get(row["checkpoint"]) or store.manifest(row["checkpoint"])
                    for row in rows.values()}
     for row in rows.values():
-        producer = checkpoints[row["checkpoint"]]["producer"]
-        row.update(run_id=producer.get("run_id"), created=checkpoints[row["checkpoint"]]["created"])
+        manifest = checkpoints[row["checkpoint"]]
+        producer = manifest["producer"]
+        row.update(run_id=producer.get("run_id"), created=manifest["created"], stage=producer.get("stage_id"),
+                   cache_key=producer.get("cache_key"), step=checkpoint_step(manifest),
+                   inputs=list(manifest["inputs"].values()))
     return sorted(rows.values(), key=lambda row: (row["created"], row["checkpoint"], row["env"]))
+
+
+def checkpoint_step(manifest: dict) -> int | None:
+    """The training step a checkpoint holds: an in-stage one's, or the stage's last (None: no step)."""
+    metrics = manifest["metrics"]
+    step = metrics.get("promoted_at_step", metrics.get("steps"))
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def leaderboard_table(rows: list[dict]) -> list[dict]:

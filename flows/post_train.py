@@ -18,6 +18,8 @@ from artifacts.refs import hash_value
 from artifacts.store import AlreadyExists, Store, StoreError, StoreLocation, now_iso
 from flows.deploy import stage_job_variables
 from flows.evaluate import evaluate
+from flows.leaderboard import evaluations
+from flows.learning_curves import learning_curves
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec_text, stage_graph
 from flows.stage_flow import submit_stage
@@ -176,12 +178,21 @@ class PipelineRun:
         else:
             self.failed.add(stage.id)
             logger.error(f"{stage.id}: failed: {record['error']}")
-        if self.inline_evaluation:
-            self.summary["evaluations"] += [evaluate_inline(ref, self.store.location)
-                                            for ref in record["new_checkpoints"]]
         self.summary["stages"].append(record)
+        if self.inline_evaluation:
+            if self.pipeline.evaluation.evaluates(stage.id):
+                self.summary["evaluations"] += [evaluate_inline(ref, self.store.location)
+                                                for ref in record["new_checkpoints"]]
+            self.draw_learning_curves()  # an evaluate stage's results may add a curve's step 0
         self.summary["not_run"] = stopped_by_failures(self.graph, self.failed)
         write_summary(self.store, self.summary)
+
+
+    def draw_learning_curves(self) -> None:
+        """The run's learning curves so far, in the summary (the evaluation flow publishes them)."""
+        cache_keys = {record["cache_key"] for record in self.summary["stages"]}
+        curves = learning_curves(evaluations(self.store, self.pipeline.name), cache_keys)
+        self.summary["learning_curves"] = [curve.as_dict() for curve in curves]
 
 
 class Watch:

@@ -37,7 +37,14 @@ class EvaluationConfig(EvaluationSettings):
 
     on_new_checkpoint: bool = False
     envs: list[str] | None = Field(None, min_length=1)  # env ids of the spec; None: all of them
+    # the stages whose new checkpoints are evaluated (their in-stage checkpoints too: a learning
+    # curve); None: every stage that makes checkpoints
+    stages: list[str] | None = Field(None, min_length=1)
     sampled: SampledEval | None = None  # a second pass over the tasks doubles the cost of every checkpoint's
+
+    def evaluates(self, stage_id: str) -> bool:
+        """Whether the new checkpoints of stage `stage_id` are evaluated."""
+        return self.on_new_checkpoint and (self.stages is None or stage_id in self.stages)
 
 
 class WorkersConfig(BaseModel):
@@ -303,6 +310,11 @@ def _check_graph(spec: PipelineSpec) -> None:
     for i, env_id in enumerate(spec.evaluation.envs or []):
         if env_id not in spec.envs:
             raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
+    for i, stage_id in enumerate(spec.evaluation.stages or []):
+        if stage_id not in index:
+            raise SpecError(f"evaluation.stages[{i}]: unknown stage {stage_id!r}")
+        if spec.stages[index[stage_id]].output_kind() != "checkpoint":
+            raise SpecError(f"evaluation.stages[{i}]: stage {stage_id!r} makes no checkpoints")
     _check_acyclic(spec, index)
     view = SpecView(stages=spec.stages, envs=spec.envs, model=spec.model, defaults=spec.defaults)
     for stage in spec.stages:

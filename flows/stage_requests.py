@@ -38,7 +38,7 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                         spec=spec_hash, base_model=base if stage.reads_base_model() else None)
     return StageRequest(stage=stage, pipeline=spec.name, run_id=run_id, cache_key=key, model=spec.model, envs=envs,
                         inputs=inputs, store=store, producer=producer, orchestration=spec.resolved(stage),
-                        evaluate_new_checkpoints=spec.evaluation.on_new_checkpoint, output_name=output_name,
+                        evaluate_new_checkpoints=spec.evaluation.evaluates(stage.id), output_name=output_name,
                         sources=kept, code={path: source for code in carried.values() for path, source in code.items()},
                         filled=sorted(spec.filled), accelerate_config=launch_config(stage))
 

@@ -59,6 +59,9 @@ def load_tokenizer(path: str | Path, model_cfg: ModelConfig | None = None):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
+    # transformers keeps HF_HUB_OFFLINE's value among the arguments it saves with the tokenizer:
+    # a checkpoint's files, and so its ref, must not depend on the environment it was made in
+    tokenizer.init_kwargs.pop("local_files_only", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model_cfg is not None and model_cfg.chat_template_kwargs:

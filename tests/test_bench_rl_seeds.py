@@ -25,6 +25,16 @@ def test_rl_seeds_writes_the_gain_of_every_seed(tmp_path, shared_prefect_api):
     assert result["unit"] == "points" and result["peer"] is None and result["ratio"] is None
     gains = [100 * (m["accuracy"] - config["input"]["accuracy"]) for m in config["seeds"].values()]
     assert result["ours"] == pytest.approx(sum(gains) / 2, abs=0.01) and config["eval_n"] == 16
+    for seed in config["seeds"].values():  # each seed paired with the input on the same tasks
+        assert seed["paired_gain"] == pytest.approx(seed["accuracy"] - config["input"]["accuracy"], abs=1e-3)
+        assert seed["sampled_paired_gain"] == pytest.approx(
+            seed["sampled_accuracy"] - config["input"]["sampled_accuracy"], abs=1e-3)
+        assert seed["paired_se"] >= 0 and seed["sampled_paired_se"] >= 0
+    printed = rl_seeds.table(result).splitlines()
+    assert printed[2].startswith("| `sft` (the input) | ") and printed[3].startswith("| `rl` | ") and len(printed) == 5
+    seed = config["seeds"]["rl-seed1"]
+    assert printed[4].endswith(f"| {100 * seed['paired_gain']:+.1f} ± {100 * seed['paired_se']:.1f} | "
+                               f"{100 * seed['sampled_paired_gain']:+.1f} ± {100 * seed['sampled_paired_se']:.1f} |")
 
 
 def test_rl_async_writes_both_sides_and_the_staleness(tmp_path, shared_prefect_api):

@@ -1,6 +1,6 @@
 import math
 
-from envs.arith import ArithEnv, ArithEnvConfig
+from envs.arith import ArithEnv, ArithEnvConfig, final_answers
 from envs.base import RewardFunc, Rubric, Task
 from envs.doom import DoomLoopDetector, repeated_ngram_fraction
 
@@ -85,3 +85,19 @@ def test_self_checks_are_geometric_per_problem_and_keep_the_format():
     looping = completions[0].split(" The final answer")[0] + " The answer is correct." * 12
     assert DoomLoopDetector().is_loop(looping, truncated=True)
     assert not env.is_correct(looping, tasks[0])
+
+
+def test_teacher_slips_forget_the_carry_on_a_fixed_share_and_the_oracle_stays_right():
+    env = ArithEnv(ArithEnvConfig(kind="arith", digits=2, teacher_slip_rate=0.5))
+    tasks = env.tasks("train", 2000, 0)
+    carrying = [t for t in tasks if t.info["a"] % 10 + t.info["b"] % 10 >= 10]
+    slipped = [t for t in carrying if not env.is_correct(env.reference_completion(t), t)]
+    assert 0.44 < len(slipped) / len(carrying) < 0.56
+    for task in slipped[:20]:
+        trace = env.reference_completion(task)
+        assert final_answers(trace) == [str(int(task.answer) - 10)] and env.is_formatted(trace, task)
+    assert all(env.is_correct(env.reference_completion(t), t) for t in tasks if t not in carrying)
+    assert [env.reference_completion(t) for t in tasks] == [env.reference_completion(t) for t in tasks]
+    assert all(env.is_correct(env.oracle_actions(t)[0], t) for t in tasks)  # envs check plays the right sum
+    plain = ArithEnv(ArithEnvConfig(kind="arith", digits=2))
+    assert env.split_problems("eval") == plain.split_problems("eval")  # the same held-out problems

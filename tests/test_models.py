@@ -64,3 +64,13 @@ def test_completion_nll_matches_manual_mean_over_completion_tokens():
     terms = [-logp[b, t - 1, labels[b, t]] for b in range(2) for t in range(1, 5) if labels[b, t] != IGNORE_INDEX]
     assert tokens == len(terms) == 6
     assert torch.allclose(loss, torch.stack(terms).mean())
+
+
+def test_a_saved_tokenizer_does_not_depend_on_hf_hub_offline(tmp_path, monkeypatch):
+    saved = []
+    for offline in ("1", "0"):
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+        folder = tmp_path / offline
+        load_tokenizer(materialize("tiny-llama")).save_pretrained(str(folder))
+        saved.append((folder / "tokenizer_config.json").read_text())
+    assert saved[0] == saved[1] and "local_files_only" not in saved[0]

@@ -31,6 +31,16 @@ def test_each_checkpoint_gets_its_gain_over_the_one_before_it_on_the_same_tasks(
     assert metrics["rl"]["term"]["paired_gain"] == 0.5
     assert math.isclose(metrics["rl"]["term"]["paired_se"], round(statistics.stdev([1, 0, 0, 1]) / 2, 4))
     assert metrics["rl"]["search"]["paired_gain"] == -0.25
+    # the sampled rows (here the same answers) are paired the same way
+    assert metrics["rl"]["term"]["sampled_paired_gain"] == 0.5
+    assert metrics["rl"]["term"]["sampled_paired_se"] == metrics["rl"]["term"]["paired_se"]
+
+
+def test_greedy_rows_alone_give_no_sampled_gain():
+    rows = [row for row in _rows("sft", "term", [0, 1]) + _rows("rl", "term", [1, 1]) if row["mode"] == "greedy"]
+    metrics = {"sft": {"term": {}}, "rl": {"term": {}}}
+    add_paired_gains(metrics, rows)
+    assert metrics["rl"]["term"] == {"paired_gain": 0.5, "paired_se": 0.5}
 
 
 def test_the_summary_carries_the_accuracy_standard_error():

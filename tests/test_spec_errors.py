@@ -185,6 +185,12 @@ CASES = {
     "evaluation unknown env": (
         {**GOOD, "evaluation": {"on_new_checkpoint": True, "envs": ["arith", "chess"]}},
         "evaluation.envs[1]: unknown env 'chess' (known: arith)"),
+    "evaluation of an unknown stage": (
+        {**GOOD, "evaluation": {"on_new_checkpoint": True, "stages": ["sft", "rl"]}},
+        "evaluation.stages[1]: unknown stage 'rl'"),
+    "evaluation of a stage without checkpoints": (
+        {**GOOD, "evaluation": {"on_new_checkpoint": True, "stages": ["warmup"]}},
+        "evaluation.stages[0]: stage 'warmup' makes no checkpoints"),
     "evaluation unknown key": ({**GOOD, "evaluation": {"on_new_checkpoints": True}},
                                "evaluation.on_new_checkpoints: unknown key"),
     "judge without a model": (
@@ -317,6 +323,7 @@ def test_quickstart_spec_is_valid():
 
     spec, _ = load_spec("pipelines/quickstart.yaml")
     assert [s.kind for s in spec.stages] == ["synthesize", "sft", "generate", "preference", "rl", "evaluate"]
+    assert spec.evaluation.evaluates("rl") and not spec.evaluation.evaluates("sft")  # rl's learning curve only
 
 
 def test_agentic_specs_are_valid_and_cover_every_agentic_env(monkeypatch):

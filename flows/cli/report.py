@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flows.learning_curves import LearningCurve, learning_curves
 from flows.spec import PipelineSpec, topological_order
 from tasks.common.progress import step_and_eta
 from tasks.kinds import produces
@@ -81,6 +82,7 @@ def print_run_report(summary: dict) -> None:
                 continue
             scores = ", ".join(f"{env} {m['accuracy']:.1%}" for env, m in evaluation["metrics"].items())
             print(f"  {evaluation['checkpoint']}: {evaluation['state']}, accuracy {scores} -> {evaluation['results']}")
+    print_curves([LearningCurve.from_dict(curve) for curve in summary.get("learning_curves", [])])
     print()
     print(f"artifacts: {summary['store']}/artifacts/  summary: {summary['store']}/runs/{summary['run_id']}.json")
 
@@ -89,6 +91,16 @@ def print_run_status(summary: dict, evaluated: list[dict]) -> None:
     print(f"run {summary['run_id']} ({summary['pipeline']}): {summary['state']}, started {summary['started']}")
     print_stage_table(summary)
     print_evaluations([row for row in evaluated if row["run_id"] == summary["run_id"]], indent="")
+    print_curves(learning_curves(evaluated, {stage["cache_key"] for stage in summary["stages"]}))
+
+
+def print_curves(curves: list[LearningCurve]) -> None:
+    """Held-out accuracy checkpoint by checkpoint (flows/learning_curves.py)."""
+    if curves:
+        print()
+        print("learning curves (held-out accuracy; step 0: the checkpoint the stage started from):")
+        for curve in curves:
+            print(f"  {curve.line()}")
 
 
 def print_evaluations(rows: list[dict], indent: str = "    ") -> None:

@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 
 RATES = ("accuracy", "format_rate", "doom_loop_rate")  # plotted: all in [0, 1]
-TABLE_COLUMNS = ("accuracy", "accuracy_se", "paired_gain", "paired_se", "sampled_accuracy", "format_rate",
-                 "doom_loop_rate", "truncated_rate", "mean_completion_tokens", "mean_turns", "n")
+TABLE_COLUMNS = ("accuracy", "accuracy_se", "paired_gain", "paired_se", "sampled_accuracy", "sampled_paired_gain",
+                 "sampled_paired_se", "format_rate", "doom_loop_rate", "truncated_rate", "mean_completion_tokens",
+                 "mean_turns", "n")
 # Above this share of a checkpoint's greedy episodes on an env left unfinished (not by a doom loop),
 # its accuracy measures the caps as much as the model: at 96 tokens 65 % of the held-out rlm
 # episodes were cut off mid code cell, and it went unnoticed for several runs.

@@ -8,7 +8,7 @@ multi-turn envs are evaluated the way they are trained. The
 per-completion rows are the stage's evaluation-results dataset. Every checkpoint but the first (or
 but the `baseline`) also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous
 checkpoint's in the list (or the baseline's), on the same tasks, with the standard error of that
-paired difference.
+paired difference; with sampled episodes, `sampled_paired_gain` and `sampled_paired_se` likewise.
 """
 
 from __future__ import annotations
@@ -122,17 +122,20 @@ def paired_difference(before: list[float], after: list[float]) -> tuple[float, f
 def add_paired_gains(metrics: dict[str, dict[str, dict]], rows: list[dict], baseline: str | None = None) -> None:
     """`paired_gain` / `paired_se` of each checkpoint over `baseline`, or else over the one before
     it in `metrics`, per env, from the greedy rows (every checkpoint plays the same eval tasks:
-    paired by task id)."""
-    correct = {(r["checkpoint"], r["env"], r["task_id"]): float(r["correct"]) for r in rows if r["mode"] == "greedy"}
+    paired by task id); `sampled_paired_gain` / `sampled_paired_se` from the sampled rows, if any."""
     checkpoints = list(metrics)
     pairs = ([(baseline, other) for other in checkpoints if other != baseline] if baseline is not None
-             else zip(checkpoints, checkpoints[1:]))
-    for before, after in pairs:
-        for env_id, values in metrics[after].items():
-            tasks = [task for (key, env, task) in correct if key == after and env == env_id]
-            gain, se = paired_difference([correct[before, env_id, t] for t in tasks],
-                                         [correct[after, env_id, t] for t in tasks])
-            values.update(paired_gain=round(gain, 4), paired_se=round(se, 4))
+             else list(zip(checkpoints, checkpoints[1:])))
+    for mode, prefix in (("greedy", ""), ("sampled", "sampled_")):
+        correct = {(r["checkpoint"], r["env"], r["task_id"]): float(r["correct"]) for r in rows if r["mode"] == mode}
+        for before, after in pairs:
+            for env_id, values in metrics[after].items():
+                tasks = [task for (key, env, task) in correct if key == after and env == env_id]
+                if not tasks:
+                    continue
+                gain, se = paired_difference([correct[before, env_id, t] for t in tasks],
+                                             [correct[after, env_id, t] for t in tasks])
+                values.update({f"{prefix}paired_gain": round(gain, 4), f"{prefix}paired_se": round(se, 4)})
 
 
 def _mean_finite(values) -> float:

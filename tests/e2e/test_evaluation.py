@@ -59,6 +59,18 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
             in run.stdout
 
 
+def test_the_run_draws_the_learning_curve_of_its_evaluated_checkpoints(evaluated_run):
+    store, run, run_summary, _ = evaluated_run
+    (curve,) = run_summary["learning_curves"]
+    accuracies = [e["metrics"]["arith"]["accuracy"] for e in run_summary["evaluations"]]
+    assert (curve["stage"], curve["env"], curve["n"]) == ("sft", "arith", 8)
+    assert [(p["step"], p["accuracy"]) for p in curve["points"]] == [(3, accuracies[0]), (6, accuracies[1])]
+    line = f"  sft on arith (n=8): 3 {accuracies[0]:.1%} · 6 sft {accuracies[1]:.1%}"
+    assert line in run.stdout.splitlines()
+    status = posttrain("status", run_summary["run_id"], "--store", f"file://{store}")
+    assert status.returncode == 0 and line in status.stdout.splitlines()
+
+
 def test_independent_stages_run_at_once_and_every_record_has_its_times(evaluated_run):
     _, _, run_summary, _ = evaluated_run
     stages = by_id(run_summary)
