@@ -35,8 +35,8 @@ class ArithEnvConfig(BaseModel):
     self_check_rate: float = Field(0.0, ge=0, lt=1)
     # A teacher right only part of the time: on this share of the problems whose units carry (a
     # fixed choice per problem), its traces forget the carry (27+15 = 32) and answer that. SFT
-    # imitates the slips; only a reward that checks the answer (rl) can train them away. The
-    # env's own checks (`oracle_actions`, `posttrain envs check`) always play the right sum.
+    # imitates the slips; rl, whose reward checks every answer, trains them away. The env's own
+    # checks (`oracle_actions`, `posttrain envs check`) always play the right sum.
     teacher_slip_rate: float = Field(0.0, ge=0, le=1)
 
 

@@ -24,7 +24,7 @@ def test_the_report_lists_the_warnings_above_its_table_and_shows_the_truncated_r
     markdown = report_markdown(METRICS, {"align": "agentic/align@" + "a" * 16, "base": "base"}, "evaluation",
                                unfinished_warnings(METRICS, 96))
     assert f"**Warnings**\n\n- {RLM_WARNING}\n\n| checkpoint | env |" in markdown
-    assert "| `agentic/align@" + "a" * 16 + "` | rlm | 0.160 | - | - | - | - | 1.000 | 0.000 | 0.650 |" in markdown
+    assert "| `agentic/align@" + "a" * 16 + "` | rlm | 0.160 | - | - | - | - | - | - | 1.000 | 0.000 | 0.650 |" in markdown
     assert "Warnings" not in report_markdown({"align": {"term": _metrics(0.0)}}, {"align": "a"}, "evaluation")
 
 
