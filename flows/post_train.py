@@ -187,11 +187,15 @@ class PipelineRun:
         self.summary["not_run"] = stopped_by_failures(self.graph, self.failed)
         write_summary(self.store, self.summary)
 
-
     def draw_learning_curves(self) -> None:
-        """The run's learning curves so far, in the summary (the evaluation flow publishes them)."""
+        """The run's learning curves so far, in the summary (the evaluation flow publishes them).
+        Like a report, curves that cannot be read from the store are logged: the stages committed."""
         cache_keys = {record["cache_key"] for record in self.summary["stages"]}
-        curves = learning_curves(evaluations(self.store, self.pipeline.name), cache_keys)
+        try:
+            curves = learning_curves(evaluations(self.store, self.pipeline.name), cache_keys)
+        except Exception as exc:  # noqa: BLE001
+            get_run_logger().warning(f"learning curves not drawn: {type(exc).__name__}: {exc}")
+            return
         self.summary["learning_curves"] = [curve.as_dict() for curve in curves]
 
 
