@@ -180,10 +180,12 @@ class PipelineRun:
             logger.error(f"{stage.id}: failed: {record['error']}")
         self.summary["stages"].append(record)
         if self.inline_evaluation:
-            if self.pipeline.evaluation.evaluates(stage.id):
+            evaluated = self.pipeline.evaluation.evaluates(stage.id) and record["new_checkpoints"]
+            if evaluated:
                 self.summary["evaluations"] += [evaluate_inline(ref, self.store.location)
                                                 for ref in record["new_checkpoints"]]
-            self.draw_learning_curves()  # an evaluate stage's results may add a curve's step 0
+            if evaluated or type(stage).produces == "evaluation":  # an evaluate stage may add a curve's step 0
+                self.draw_learning_curves()
         self.summary["not_run"] = stopped_by_failures(self.graph, self.failed)
         write_summary(self.store, self.summary)
 

@@ -35,26 +35,24 @@ def is_sharded(model, accelerator) -> bool:
 
 def most_over_processes(count: int, device) -> int:
     """The largest `count` any process holds (a collective: every process calls it)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return count
-    value = torch.tensor([count], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
+    return int(reduced_over_processes([count], device, "max")[0])
 
 
 def summed_over_processes(values: list[float], device) -> list[float]:
     """Each of `values` summed over the processes (a collective: every process calls it): a step's
     loss and counts over the whole batch, not one process's share."""
+    return reduced_over_processes(values, device, "sum")
+
+
+def reduced_over_processes(values: list[float], device, op: str) -> list[float]:
+    """Each of `values` reduced (`sum` or `max`) over the processes; itself outside a process group."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return list(values)
     total = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(total)
+    dist.all_reduce(total, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return total.tolist()
 
 
