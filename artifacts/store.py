@@ -28,7 +28,7 @@ from artifacts.refs import BadRef, Ref, content_version, inside, sha256_bytes, v
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
-ARTIFACT_KINDS = ("dataset", "checkpoint", "report")
+ARTIFACT_KINDS = ("dataset", "checkpoint", "reward_model", "report")
 # storage options that may travel in specs, events and Prefect parameters: known non-secret ones
 # only (deny by default); a value True allows any plain value, a dict lists the allowed sub-keys
 NON_SECRET_OPTIONS = {

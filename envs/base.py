@@ -41,6 +41,9 @@ class RewardFunc:
     fn: Callable[..., float | None]
     weight: float = 1.0
     with_ids: bool = False
+    # scores many (completion, task) at once ahead of `fn` (a reward model's batches, a judge's
+    # concurrent requests); `fn` then reads what it kept
+    prefetch: Callable[[list], None] | None = None
 
 
 class RewardShapeError(Exception):
@@ -79,6 +82,16 @@ class Rubric:
         total = sum(func.weight * rewards[func.name] for func in self.funcs
                     if func.weight != 0 and rewards[func.name] is not None)
         return Score(rewards, total, errors)
+
+    def prefetch(self, items: list[tuple[str, Task]]) -> None:
+        """Let the functions that score in batches score these (completion, task) pairs at once;
+        what fails there is reported when each is scored."""
+        for func in self.funcs:
+            if func.prefetch is not None and items:
+                try:
+                    func.prefetch(items)
+                except Exception:  # noqa: BLE001 - scored one by one below, where the error is recorded
+                    pass
 
     def penalties(self, score: Score) -> float:
         """The weighted total of the negative-weight terms only (what an invalid trace still gets)."""

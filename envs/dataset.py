@@ -15,11 +15,12 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import string
 import sys
 import zlib
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from data_contracts.formats import plain
 from envs.base import (
@@ -57,6 +58,84 @@ class RewardConfig(BaseModel):
         return "envs.rewards" if module == BUILTIN_REWARDS else module
 
 
+class RewardModelReward(BaseModel):
+    """A reward model trained by a `reward_model` stage scores each completion with its prompt
+    (tasks/common/learned_rewards.py): `sigmoid` puts its score in (0, 1) like a rubric's terms,
+    `logit` keeps the raw score (TRL's GRPOTrainer uses it raw)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward_model: str  # the reward_model stage
+    weight: float = 1.0
+    name: str | None = None  # the reward's column (`reward_<name>`); default the stage id
+    output: Literal["sigmoid", "logit"] = "sigmoid"
+    max_length: int = Field(512, gt=8)  # tokens of prompt + completion it reads
+    batch_size: int = Field(32, gt=0)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.reward_model
+
+
+class JudgeScoring(BaseModel):
+    """A model behind an OpenAI-compatible endpoint that answers a score for each completion:
+    `prompt` is filled with {prompt}, {completion} and {answer} (the row's answer column, if any);
+    the first number of its reply, from `min_score` to `max_score`, becomes a reward in [0, 1]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(pattern=r"^https?://\S+$")  # base URL, ending in /v1
+    model: str
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+    prompt: str = ("Rate the response to the task from 0 (useless or wrong) to 10 (excellent and correct).\n\n"
+                   "Task:\n{prompt}\n\nResponse:\n{completion}\n\nReply with the number only.")
+    min_score: float = 0.0
+    max_score: float = 10.0
+    max_tokens: int = Field(16, gt=0)
+    timeout_seconds: float = Field(60.0, gt=0)
+    retries: int = Field(2, ge=0)  # a request that times out or fails is tried again this many times
+    max_workers: int = Field(4, gt=0)  # requests in flight at once
+
+    @model_validator(mode="after")
+    def _valid(self):
+        if self.max_score <= self.min_score:
+            raise ValueError(f"max_score ({self.max_score}) must be above min_score ({self.min_score})")
+        fields = {name for _, name, _, _ in string.Formatter().parse(self.prompt) if name is not None}
+        unknown = fields - {"prompt", "completion", "answer"}
+        if unknown or "completion" not in fields:
+            raise ValueError(f"prompt: a template with {{completion}} (and {{prompt}}, {{answer}} if wanted); "
+                             f"it names {', '.join(sorted(unknown)) or 'no completion'}")
+        return self
+
+    def describe(self) -> str:
+        return f"{self.model} at {self.endpoint}"
+
+
+class JudgeReward(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    judge: JudgeScoring
+    weight: float = 1.0
+    name: str = "judge"
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+def reward_source(entry) -> str | None:
+    """Which kind of reward a `rewards:` entry is, by the key that names its source."""
+    keys = entry if isinstance(entry, dict) else vars(entry)
+    return next((tag for key, tag in REWARD_TAGS.items() if key in keys), None)
+
+
+REWARD_TAGS = {"function": "function-reward", "reward_model": "reward-model-reward", "judge": "judge-reward"}
+Reward = Annotated[Annotated[RewardConfig, Tag("function-reward")] | Annotated[RewardModelReward, Tag("reward-model-reward")]
+                   | Annotated[JudgeReward, Tag("judge-reward")],
+                   Discriminator(reward_source, custom_error_type="reward_source",
+                                 custom_error_message="a reward names its `function`, `reward_model` or `judge`")]
+
+
 class DatasetEnvConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,10 +149,14 @@ class DatasetEnvConfig(BaseModel):
     eval_fraction: float = Field(0.1, ge=0, lt=1)
     eval_data: str | None = None
     eval_source: str | None = None
-    rewards: list[RewardConfig] = Field(min_length=1)
+    rewards: list[Reward] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self):
+        labels = [reward.name if isinstance(reward, RewardConfig) else reward.label for reward in self.rewards]
+        if len(set(labels)) < len(labels):
+            twice = sorted({label for label in labels if labels.count(label) > 1})
+            raise ValueError(f"rewards: two rewards named {', '.join(twice)} (give one a `name:`)")
         if self.data is None and self.source is None:
             raise ValueError("give the rows as `data: STAGE_ID` or `source: PATH`")
         if self.eval_data is not None and self.eval_source is not None:
@@ -123,13 +206,44 @@ class DatasetEnv(EnvBase):
     def __init__(self, config: DatasetEnvConfig, name: str = "dataset"):
         super().__init__(config, name)
         funcs = []
+        self.scorers: dict[str, object] = {}  # a learned reward's label -> its scorer (use_scorers)
         for i, reward in enumerate(config.rewards):
+            if isinstance(reward, (RewardModelReward, JudgeReward)):
+                funcs.append(self.learned_reward(reward))
+                continue
             try:
                 funcs.append(trl_reward(reward, load_function(reward)))
             except ValueError as exc:
                 raise EnvFieldError(f"rewards[{i}].function", str(exc)) from None
         self.rubric = Rubric(funcs)
         self.rows: dict[str, list[Task]] = {"train": [], "eval": []}
+
+    def learned_rewards(self) -> list[RewardModelReward | JudgeReward]:
+        """The rewards a model gives: a reward model's, a judge's (their scorers come from the stage)."""
+        return [reward for reward in self.config.rewards if isinstance(reward, (RewardModelReward, JudgeReward))]
+
+    def use_scorers(self, scorers: dict[str, object]) -> None:
+        """The scorer of each learned reward, by its label: `score(prompt, completion, answer)` (one
+        value, or an exception naming what went wrong) and `prefetch(items)` (many at once)."""
+        self.scorers = dict(scorers)
+
+    def learned_reward(self, reward: RewardModelReward | JudgeReward) -> RewardFunc:
+        """The rubric's function of a learned reward: its scorer's value, scored many at once when the
+        stage prefetches a batch (Rubric.prefetch)."""
+        label = reward.label
+
+        def scorer():
+            if label not in self.scorers:
+                raise RuntimeError(f"reward {label!r} has no scorer (the stage did not attach it)")
+            return self.scorers[label]
+
+        def score(completion: str, task: Task, outcome: Outcome):
+            return scorer().score(task.prompt, completion, task.answer)
+
+        def prefetch(items: list[tuple[str, Task]]):
+            scorer().prefetch([(task.prompt, completion, task.answer) for completion, task in items])
+
+        return RewardFunc(label, score, reward.weight, prefetch=prefetch)
 
     def data_stages(self) -> list[str]:
         return [stage for stage in (self.config.data, self.config.eval_data) if stage is not None]

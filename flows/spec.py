@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from artifacts.store import StoreLocation, credential_keys
+from envs.dataset import reward_source
 from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
@@ -124,9 +125,10 @@ def _loc_to_path(loc: tuple, raw: dict) -> str:
 
 
 def _is_tag(node, item) -> bool:
-    """Whether `item` is the union tag of the mapping `node` rather than one of its keys."""
+    """Whether `item` is the union tag of the mapping `node` rather than one of its keys (a dataset
+    env's rewards are told apart by the key that names their source)."""
     return isinstance(node, dict) and isinstance(item, str) and item not in node and \
-        any(node.get(key, default) == item for key, default in UNION_TAGS)
+        (any(node.get(key, default) == item for key, default in UNION_TAGS) or item == reward_source(node))
 
 
 def _format_validation_error(error: ValidationError, raw: dict) -> str:

@@ -11,9 +11,16 @@ from tasks.config import FieldError
 
 
 def env_inputs(env_id: str, config) -> list[tuple[str, str, str]]:
-    """The dataset stages a dataset env reads its rows from."""
-    return [(f"envs.{env_id}.{field}", getattr(config, field), "prompts dataset")
+    """The stages a dataset env reads: the dataset stages of its rows, the reward_model stages of
+    its learned rewards."""
+    rows = [(f"envs.{env_id}.{field}", getattr(config, field), "prompts dataset")
             for field in ("data", "eval_data") if getattr(config, field, None) is not None]
+    from envs.dataset import DatasetEnvConfig, RewardModelReward
+
+    rewards = config.rewards if isinstance(config, DatasetEnvConfig) else []
+    models = [(f"envs.{env_id}.rewards[{i}].reward_model", reward.reward_model, "reward model")
+              for i, reward in enumerate(rewards) if isinstance(reward, RewardModelReward)]
+    return rows + models
 
 
 INLINE_SOURCE = {"source": ("data", "data"), "eval_source": ("eval_data", "eval-data")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from artifacts.refs import hash_value
@@ -69,20 +70,47 @@ def load_tokenizer(path: str | Path, model_cfg: ModelConfig | None = None):
     return tokenizer
 
 
-def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = False):
-    """Load a base model or a checkpoint folder (full weights or a PEFT adapter)."""
+def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = False, reward_head: bool = False):
+    """Load a base model or a checkpoint folder (full weights or a PEFT adapter). `reward_head`: as
+    a reward model, a scalar score head over the same backbone (transformers' sequence
+    classification with one label: a causal LM's folder gets a new head, a reward model's keeps
+    its own)."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path) if Path(str(path)).exists() else path
     dtype = torch_dtype(model_cfg.dtype)
+    load = (lambda folder: with_pad_id(new_head_quietly(folder, dtype))) if reward_head else \
+        (lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
     if isinstance(path, Path) and (path / ADAPTER_CONFIG).exists():
         from peft import PeftModel
 
-        base = AutoModelForCausalLM.from_pretrained(resolve_base(model_cfg.base), dtype=dtype)
-        return PeftModel.from_pretrained(base, str(path), is_trainable=trainable)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        return PeftModel.from_pretrained(load(resolve_base(model_cfg.base)), str(path), is_trainable=trainable)
+    model = load(str(path))
     if trainable and model_cfg.lora is not None:
-        model = add_lora(model, model_cfg)
+        model = add_lora(model, model_cfg, "SEQ_CLS" if reward_head else "CAUSAL_LM")
+    return model
+
+
+def new_head_quietly(path: str, dtype):
+    """A reward model from a folder: a causal LM's gets a fresh score head, which transformers
+    reports as missing weights on every load; that is the intent here, so its report is silenced
+    (only for this call)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, num_labels=1)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def with_pad_id(model):
+    """A reward model reads its score at the last token that is not padding: its config must
+    name the padding id (our tokenizers pad with the end token where they have no pad token)."""
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = model.config.eos_token_id
     return model
 
 
@@ -92,13 +120,17 @@ def enable_activation_checkpointing(model) -> None:
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
-def add_lora(model, model_cfg: ModelConfig):
+def add_lora(model, model_cfg: ModelConfig, task_type: str = "CAUSAL_LM"):
+    """LoRA adapters on the spec's target modules; a reward model (`SEQ_CLS`) also trains and
+    saves its whole score head (peft's modules_to_save for that task type)."""
     from peft import LoraConfig, get_peft_model
 
     lora = model_cfg.lora
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+                        target_modules=list(lora.target_modules), task_type=task_type)
+    with warnings.catch_warnings():  # peft's SEQ_CLS wrapper reads a property transformers deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(model, config)
 
 
 def stage_device(model_cfg: ModelConfig, gpus: int) -> str:

@@ -66,3 +66,21 @@ def preference_loss(method: str, beta: float, chosen_logps, rejected_logps, ref_
         else:
             raise ValueError(f"unknown preference method {method!r}")
     return losses, beta * chosen_logratio.detach(), beta * rejected_logratio.detach()
+
+
+def reward_model_loss(chosen_scores, rejected_scores, margins=None, center_coefficient: float | None = None):
+    """Bradley–Terry loss of a scalar reward model, per pair; returns losses [B].
+
+      L = −log σ(r_w − r_l − m) + c·(r_w + r_l)²
+
+    r_w, r_l the scores of the chosen and rejected completion, m the pair's margin (0 unless given),
+    c `center_coefficient` (None: no centering term), as TRL's RewardTrainer (its batch mean is the
+    mean of these).
+    """
+    import torch.nn.functional as F
+
+    delta = chosen_scores - rejected_scores
+    losses = -F.logsigmoid(delta if margins is None else delta - margins)
+    if center_coefficient is not None:
+        losses = losses + center_coefficient * (chosen_scores + rejected_scores) ** 2
+    return losses

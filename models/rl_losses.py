@@ -32,6 +32,28 @@ def group_advantages(rewards, group_size: int, scale: str = "group"):
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+def rloo_advantages(rewards, group_size: int, scale: str = "none"):
+    """REINFORCE leave-one-out: Â_i = r_i − (Σ_{j≠i} r_j) / (n − 1), one value per completion.
+
+    The baseline of each completion is the mean reward of the other completions of its group (laid
+    out group by group, `group_size` per prompt; n counts the group's finite rewards). `batch` then
+    centres and scales the advantages over the whole batch, (Â − mean) / (std + 1e-4) (TRL's
+    `normalize_advantages`); `none` leaves them (TRL's default). A NaN reward, or a group with one
+    finite reward, gets advantage 0 and is left out of the others' baselines, as in TRL.
+    """
+    import torch
+
+    grouped = rewards.view(-1, group_size)
+    finite = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
+    baselines = (grouped.nansum(dim=1, keepdim=True) - grouped) / (finite - 1)
+    advantages = rewards - baselines.view(-1)
+    if scale == "batch":
+        advantages = (advantages - advantages.nanmean()) / (_nanstd(advantages.view(1, -1), dim=1) + ADVANTAGE_EPS)
+    elif scale != "none":
+        raise ValueError(f"rloo scales its advantages over the batch or not at all, not by {scale!r}")
+    return torch.nan_to_num(advantages, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def rewards_to_go(step_rewards: list[float], gamma: float = 1.0) -> list[float]:
     """R_k = Σ_{j ≥ k} γ^(j−k) · r_j for each step k of one trajectory."""
     returns, running = [], 0.0

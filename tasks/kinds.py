@@ -19,12 +19,14 @@ from tasks.stages.dataset import DatasetStage
 from tasks.stages.evaluate import EvaluateStage
 from tasks.stages.generate import GenerateStage
 from tasks.stages.preference import PreferenceStage
+from tasks.stages.reward_model import RewardModelStage
 from tasks.stages.rl import RlStage
 from tasks.stages.sft import SftStage
 from tasks.stages.synthesize import SynthesizeStage
 
 ENTRY_POINT_GROUP = "posttrain.stages"
-BUILTIN_KINDS = (DatasetStage, SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RlStage, EvaluateStage)
+BUILTIN_KINDS = (DatasetStage, SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RewardModelStage, RlStage,
+                 EvaluateStage)
 # what every stage process imports, whatever its kind (~6 s on this 2-core machine: the warm fork
 # server imports it once per orchestrator, tasks/runtime/launch.py)
 BASE_PRELOAD = ("torch", "transformers", "great_expectations", "tasks.runtime.child")

@@ -347,3 +347,49 @@ def test_a_bad_task_toml_is_named_with_its_line(tmp_path, capsys):
     code, err = run_cli(capsys, "validate", write_spec(tmp_path, spec))
     assert code == 2 and len(err.splitlines()) == 1
     assert err.startswith(f"error: envs.term.tasks: {task}/task.toml: invalid TOML (line 2")
+
+
+def learned_rewards_spec(reward: dict, **rl) -> dict:
+    """A dataset env scored by a reward model (or a judge) and an rl stage on it."""
+    from conftest import ROOT
+
+    return {"name": "t", "store": "file://STORE", "model": {"base": "tiny-llama"},
+            "envs": {"sums": {"kind": "dataset", "source": str(ROOT / "examples" / "prompts.jsonl"),
+                              "rewards": [{"function": "posttrain.rewards:answer_format"}, reward]}},
+            "stages": [{"id": "prefs", "kind": "dataset", "source": str(ROOT / "examples" / "preferences.jsonl")},
+                       {"id": "sft", "kind": "sft", "data": "chats", "max_steps": 2},
+                       {"id": "rm", "kind": "reward_model", "policy": "sft", "data": "prefs", "max_steps": 2},
+                       {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"sums": 1.0}, "steps": 2, **rl},
+                       {"id": "chats", "kind": "dataset", "source": str(ROOT / "examples" / "chats.jsonl")}]}
+
+
+@pytest.mark.parametrize("spec, message", [
+    (learned_rewards_spec({"reward_model": "sft"}),
+     "envs.sums.rewards[1].reward_model: stage 'sft' produces a checkpoint, a reward model is expected here"),
+    (learned_rewards_spec({"reward_model": "nope"}), "envs.sums.rewards[1].reward_model: unknown stage 'nope'"),
+    (learned_rewards_spec({"reward_model": "rm"}, policy="rm"),
+     "stages[3].policy: stage 'rm' produces a reward model, a checkpoint is expected here"),
+    (learned_rewards_spec({"reward_model": "rm", "output": "raw"}),
+     "envs.sums.rewards[1].output: Input should be 'sigmoid' or 'logit'"),
+    (learned_rewards_spec({"judge": {"endpoint": "http://127.0.0.1:9/v1", "model": "j", "prompt": "Rate {prompt}"}}),
+     "envs.sums.rewards[1].judge: Value error, prompt: a template with {completion}"),
+    (learned_rewards_spec({"judge": {"endpoint": "http://127.0.0.1:9/v1", "model": "j", "min_score": 5,
+                                     "max_score": 5}}),
+     "envs.sums.rewards[1].judge: Value error, max_score (5.0) must be above min_score (5.0)"),
+    (learned_rewards_spec({"reward_model": "rm"}, advantage="rloo", algorithm="steppo"),
+     "stages[3]: Value error, advantage: rloo gives one advantage per trajectory; use algorithm: grpo"),
+    (learned_rewards_spec({"reward_model": "rm"}, advantage="rloo", scale_rewards="group"),
+     "stages[3]: Value error, scale_rewards: group divides by each group's std (GRPO); with advantage: rloo"),
+    (learned_rewards_spec({"weight": 1.0}),
+     "envs.sums.rewards[1]: a reward names its `function`, `reward_model` or `judge`"),
+], ids=["reward_model is a checkpoint", "unknown reward_model", "reward model as a policy", "reward_model output",
+        "judge prompt without completion", "judge score range", "rloo with steppo", "rloo with group scaling",
+        "reward without a source"])
+def test_bad_learned_reward_spec_is_one_line_exit_2(spec, message, tmp_path, capsys):
+    path = write_spec(tmp_path, spec)
+    for command in ("validate", "run"):
+        code, err = run_cli(capsys, command, path)
+        assert code == 2, err
+        assert message in err, err
+        assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert not (tmp_path / "store").exists()

@@ -56,7 +56,7 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
 
 def with_rows(spec, env_id: str, env):
     """A dataset env with the rows of the latest committed versions of its dataset stages in the
-    spec's store (EvaluationInputError when there are none)."""
+    spec's store, and the scorers of its learned rewards (EvaluationInputError when there are none)."""
     from tasks.common.datasets import read_rows
 
     if not getattr(env, "reads_data", False):
@@ -65,6 +65,10 @@ def with_rows(spec, env_id: str, env):
     refs = env_data_inputs(spec, [env_id], store, {"inputs": {}})
     rows = [read_rows(store.fetch(refs[data_id])) for data_id in env.data_stages()]
     env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)
+    if env.learned_rewards():  # its reward models: the latest committed, as its rows
+        from tasks.common.learned_rewards import attach_scorers
+
+        attach_scorers(env, env_id, lambda stage_id: store.fetch(refs[stage_id]), spec.model, "cpu")
     return env
 
 

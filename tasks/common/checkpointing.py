@@ -149,20 +149,24 @@ def save(ctx: StageContext, step: int, model, state: dict, weights: dict | None 
         ctx.store.remove(f"{ctx.scratch}/step-{old}")
 
 
-def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict, weights: dict | None = None) -> str:
+def promote(ctx: StageContext, step: int, model, tokenizer, last_metrics: dict, weights: dict | None = None,
+            kind: str = "checkpoint") -> str:
     """Commit the weights at `step` as the checkpoint artifact `<pipeline>/<stage>.step-<step>`.
 
     It is an ordinary checkpoint (loadable, evaluable, in lineage) that outlives the stage
-    even if a later step fails; the same weights committed again give the same ref.
+    even if a later step fails; the same weights committed again give the same ref. A reward
+    model's (`kind` reward_model) is committed as such and announces no checkpoint: no evaluation
+    of a policy follows it.
     """
     local = ctx.workdir / "promote" / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
     model.save_pretrained(str(local), state_dict=weights)
     tokenizer.save_pretrained(str(local))
-    ref = ctx.store.commit(f"{ctx.output_name}.step-{step}", "checkpoint", local, producer=ctx.producer,
+    ref = ctx.store.commit(f"{ctx.output_name}.step-{step}", kind, local, producer=ctx.producer,
                            inputs=ctx.inputs, metrics={"promoted_at_step": step, **last_metrics})
     shutil.rmtree(local, ignore_errors=True)
-    ctx.announce_checkpoint(str(ref), step)
+    if kind == "checkpoint":
+        ctx.announce_checkpoint(str(ref), step)
     return str(ref)
 
 

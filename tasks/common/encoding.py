@@ -192,9 +192,15 @@ def prompt_ids(tokenizer, row: dict) -> list[int]:
 def preference_examples(tokenizer, row: dict, max_len: int) -> tuple[Example, Example]:
     """An imported preference row's chosen and rejected sides: the prompt's turns (masked) + each
     answer's assistant turns (trained on)."""
-    prompt = as_turns(row["prompt"], "user") if row.get("prompt") is not None else []
-    return tuple(encode_conversation(tokenizer, prompt + as_turns(row[side], "assistant"), max_len, row_tools(row),
-                                     len(prompt)) for side in ("chosen", "rejected"))
+    return tuple(answer_example(tokenizer, row.get("prompt"), row[side], max_len, row_tools(row))
+                 for side in ("chosen", "rejected"))
+
+
+def answer_example(tokenizer, prompt, answer, max_len: int, tools: list | None = None) -> Example:
+    """A prompt (text or turns; None: none) and an answer to it through the chat template, the
+    answer's assistant turns trained on: one side of a pair, or what a reward model scores."""
+    turns = as_turns(prompt, "user") if prompt is not None else []
+    return encode_conversation(tokenizer, turns + as_turns(answer, "assistant"), max_len, tools, len(turns))
 
 
 def collate(examples: list[Example], pad_id: int, device):

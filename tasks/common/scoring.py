@@ -40,3 +40,9 @@ def score_episode(trajectory, env, rubric: Rubric | None = None) -> EpisodeScore
     score = (rubric or env.rubric).score(text, task, outcome, trajectory.completion()[0])
     return EpisodeScore(score, env.is_correct(text, task, outcome), env.is_formatted(text, task, outcome),
                         DOOM_LOOPS.is_loop("".join(trajectory.actions), trajectory.truncated))
+
+
+def prefetch_scores(trajectories: list, env, rubric: Rubric | None = None) -> None:
+    """Let the rubric's batch scorers (a reward model, a judge) score these episodes at once,
+    before `score_episode` asks for them one by one."""
+    (rubric or env.rubric).prefetch([(trajectory.text, trajectory.task) for trajectory in trajectories])

@@ -108,6 +108,7 @@ class Training:
     history: list = field(default_factory=list)
     promoted: list = field(default_factory=list)  # refs of the in-stage checkpoints committed so far
     tokens_seen: int = 0
+    artifact_kind: str = "checkpoint"  # what its weights are committed as (a reward model's: reward_model)
     began: float = field(default_factory=time.monotonic)
     progress: Progress | None = None  # set by start_training, once the resumed step is known
     trackers: Trackers = field(default_factory=Trackers)  # the stage's report_to, started by start_training
@@ -147,7 +148,8 @@ class Training:
         if not self.ctx.is_main:
             return
         model = self.accelerator.unwrap_model(self.model)
-        ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1], weights)
+        ref = checkpointing.promote(self.ctx, step, model, self.tokenizer, self.history[-1], weights,
+                                   self.artifact_kind)
         self.promoted.append(ref)
         state = {"scheduler": self.scheduler.state_dict(), "rng": checkpointing.rng_state(),
                  "history": self.history, "promoted": self.promoted, "trackers": self.trackers.ids}
@@ -203,7 +205,7 @@ class Training:
         metrics = {"steps": self.steps, "resumed_from_step": self.start,
                    "train_tokens_per_second": round(self.tokens_per_second, 1),
                    "promoted_checkpoints": self.promoted, **metrics}
-        return {"checkpoint": StageOutput("checkpoint", out_dir, metrics),
+        return {"checkpoint": StageOutput(self.artifact_kind, out_dir, metrics),
                 "report": StageOutput("report", report_dir, {})}
 
 
@@ -228,24 +230,27 @@ def make_accelerator(stage: TrainStage, device: str):
 
 
 def start_training(ctx: StageContext, stage: TrainStage, source: str, steps: int, tokenizer,
-                   updates_per_step: int = 1) -> Training:
+                   updates_per_step: int = 1, reward_head: bool = False) -> Training:
     """Load the model from the stage's last in-stage checkpoint if there is one, else from `source`.
 
-    The learning-rate schedule spans `steps * updates_per_step` optimizer updates.
+    The learning-rate schedule spans `steps * updates_per_step` optimizer updates. `reward_head`:
+    the model is a reward model (a scalar head, committed as a `reward_model` artifact).
     """
     import torch
 
     torch.manual_seed(stage.seed)
     resumed = checkpointing.latest(ctx)
     accelerator = make_accelerator(stage, ctx.device)
-    model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True)
+    model = load_model(resumed.model_dir if resumed else source, ctx.model, trainable=True,
+                       reward_head=reward_head)
     if stage.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer, scheduler = make_optimizer(model, stage, steps * updates_per_step)
     # the schedule stays ours, stepped once per optimizer step: accelerate's wrapper would step it once
     # per process (it assumes a dataloader split into bigger batches), ending it N times too early
     model, optimizer = accelerator.prepare(model, optimizer)
-    training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer)
+    training = Training(ctx, stage, steps, model, optimizer, scheduler, accelerator, tokenizer,
+                        artifact_kind="reward_model" if reward_head else "checkpoint")
     if resumed:
         own = resumed.own_state(accelerator.process_index) if accelerator.num_processes > 1 else None
         if "optimizer" in resumed.state:

@@ -30,7 +30,7 @@ from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
 from tasks.common.rollout_backends import LocalRollout, Rollout
 from tasks.common.rollouts import roll_out
-from tasks.common.scoring import score_episode
+from tasks.common.scoring import prefetch_scores, score_episode
 from tasks.config import PLOT_MODULES, EvaluationSettings, StageBase
 
 
@@ -70,6 +70,7 @@ class EvaluateStage(StageBase, EvaluationSettings):
 
 def score_rows(env, trajectories, *, checkpoint: str, mode: str) -> list[dict]:
     rows = []
+    prefetch_scores(trajectories, env)
     for trajectory in trajectories:
         task, episode = trajectory.task, score_episode(trajectory, env)
         rows.append({"checkpoint": checkpoint, "env": env.name, "mode": mode, "task_id": task.id,
@@ -176,6 +177,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
     rows, metrics = [], {}
     progress = Progress(len(stage.checkpoints) * len(stage.envs), 0, ctx.stage_id, log_every=1,
                         on_update=ctx.report_progress)  # a step: one checkpoint on one env
+    envs = {}  # built once (a reward model's scorer loads once), on the first checkpoint's tokenizer
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
         tokenizer = load_tokenizer(folder, ctx.model)
@@ -183,8 +185,9 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
         metrics[checkpoint] = {}
         for env_id in stage.envs:
             began = time.monotonic()
-            env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, ctx.env(env_id), stage,
-                                                                    checkpoint, ctx.device)
+            env = envs[env_id] if env_id in envs else envs.setdefault(env_id, ctx.env(env_id, tokenizer))
+            env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, env, stage, checkpoint,
+                                                                    ctx.device)
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")

@@ -24,7 +24,7 @@ from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
 from tasks.common.rollout_backends import LocalRollout, Rollout
 from tasks.common.rollouts import Trajectory, roll_out, single_turn
-from tasks.common.scoring import score_episode
+from tasks.common.scoring import prefetch_scores, score_episode
 from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
 
 
@@ -131,6 +131,7 @@ def rollout_rows(env, groups: list[list[Trajectory]], stage: GenerateStage) -> l
     and the number of turns; `logprobs` are the sampler's, 0 on the env's tokens."""
     multi_turn = env.max_turns > 1
     rows = []
+    prefetch_scores([trajectory for group in groups for trajectory in group], env)
     for group in groups:
         for index, trajectory in enumerate(group):
             task, episode = trajectory.task, score_episode(trajectory, env)
@@ -156,7 +157,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     folder = ctx.fetch(stage.policy)
     tokenizer = load_tokenizer(folder, ctx.model)
     policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
-    env = ctx.env(stage.env)
+    env = ctx.env(stage.env, tokenizer)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     per_task = stage.samples + stage.greedy
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from models.losses import IGNORE_INDEX
 from models.token_logps import label_logps, runs_directly, shared_prefix_logps
-from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, step_advantages
+from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, rloo_advantages, step_advantages
 from models.sampling import left_padded
 
 
@@ -29,13 +29,15 @@ class Row:
 
 
 def training_rows(scored_groups: list[list], algorithm: str, group_size: int, scale: str, gamma: float,
-                  mask_truncated: bool, credit: str = "reward_to_go") -> list[Row]:
-    """Rows of the kept groups (each a list of `group_size` scored trajectories of one prompt)."""
+                  mask_truncated: bool, credit: str = "reward_to_go", advantage: str = "grpo") -> list[Row]:
+    """Rows of the kept groups (each a list of `group_size` scored trajectories of one prompt);
+    `advantage`: how grpo's per-trajectory rewards become advantages (group-normalized or RLOO)."""
     import torch
 
     scored = [s for group in scored_groups for s in group]
     if algorithm == "grpo":
-        advantages = group_advantages(torch.tensor([s.reward for s in scored]), group_size, scale).tolist()
+        estimator = rloo_advantages if advantage == "rloo" else group_advantages
+        advantages = estimator(torch.tensor([s.reward for s in scored]), group_size, scale).tolist()
         rows = []
         for s, advantage in zip(scored, advantages):
             ids, mask = s.trajectory.completion()

@@ -104,6 +104,9 @@ class RlStage(TrainStage):
     policy: str
     envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> mixing weight
     algorithm: Literal["grpo", "steppo"] = "grpo"
+    # grpo's estimator: group-normalized, or REINFORCE leave-one-out (TRL's RLOOTrainer; its
+    # scale_rewards: none by default, batch for TRL's normalize_advantages)
+    advantage: Literal["grpo", "rloo"] = "grpo"
     loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(8, gt=0)
@@ -140,7 +143,19 @@ class RlStage(TrainStage):
         self.rollout.check_asynchronous(self.asynchronous)
         if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
             self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
+        if self.advantage == "rloo":
+            self._check_rloo()
         return self
+
+    def _check_rloo(self) -> None:
+        if self.algorithm != "grpo":
+            raise ValueError("advantage: rloo gives one advantage per trajectory; use algorithm: grpo (steppo's "
+                             "step advantages have their own baseline)")
+        if "scale_rewards" not in self.model_fields_set:
+            self.scale_rewards = "none"  # TRL's RLOO: leave-one-out advantages as they are unless asked
+        elif self.scale_rewards == "group":
+            raise ValueError("scale_rewards: group divides by each group's std (GRPO); with advantage: rloo use "
+                             "none (TRL's default) or batch (TRL's normalize_advantages)")
 
     def env_refs(self):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs]

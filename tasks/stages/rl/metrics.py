@@ -13,7 +13,8 @@ def episode_metrics(sampled: list, prefix: str = "") -> dict:
             f"{prefix}accuracy": sum(s.correct for s in sampled) / n,
             f"{prefix}doom_loop_rate": sum(s.doom_loop for s in sampled) / n,
             f"{prefix}truncated_rate": sum(s.trajectory.truncated for s in sampled) / n,
-            f"{prefix}turns": sum(len(s.trajectory.turns) for s in sampled) / n}
+            f"{prefix}turns": sum(len(s.trajectory.turns) for s in sampled) / n,
+            f"{prefix}reward_errors": n - len(finite)}  # a reward function raised: advantage 0, counted
 
 
 def batch_metrics(sampled: list, env_ids: list[str]) -> dict:

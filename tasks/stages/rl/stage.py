@@ -21,6 +21,7 @@ from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.ranks import split_and_gather
 from tasks.common.rollouts import roll_out
+from tasks.common.scoring import prefetch_scores
 from tasks.common.training import start_training
 from tasks.stages.rl.config import RlStage
 from tasks.stages.rl.metrics import batch_metrics, sample_rows
@@ -93,6 +94,7 @@ class EpisodeSampler:
                 tasks = [picked[i][1] for i in indices for _ in range(size)]
                 trajectories = roll_out(policy, self.tokenizer, env, tasks, params,
                                         episode_seeds=[seed + i * size + j for i in indices for j in range(size)])
+                prefetch_scores(trajectories, env)
                 for k, i in enumerate(indices):
                     scored[i] = [score_trajectory(t, env, self.stage) for t in trajectories[k * size:(k + 1) * size]]
             return [scored[i] for i in mine]
@@ -130,7 +132,7 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source, ctx.model)
-    envs = {env_id: ctx.env(env_id) for env_id in stage.envs}
+    envs = {env_id: ctx.env(env_id, tokenizer) for env_id in stage.envs}
     for env_id, env in envs.items():
         if env.restarts_context and stage.algorithm != "steppo":  # a grpo row is one growing context
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")

@@ -42,7 +42,7 @@ def train_step(training, reference, groups: list[list], stage, pad_id: int) -> t
 
     # advantages are computed over whole groups first; then each process trains on its share
     step_rows = training_rows(groups, stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma,
-                              stage.mask_truncated, stage.credit)
+                              stage.mask_truncated, stage.credit, stage.advantage)
     learner, device = training.learner, training.accelerator.device
     max_length = max(stage.max_tokens, *(len(r.completion_ids) for r in step_rows))  # a multi-turn grpo row is longer
     denominator = loss_denominator(stage.loss_aggregation, [sum(r.mask) for r in step_rows], max_length) \

@@ -1,0 +1,179 @@
+"""Learned rewards in a dataset env's rubric: a reward model's scores (batched, cached, its tokenizer
+checked against the policy's) and a judge endpoint's (models.serving on 127.0.0.1 with tiny-llama
+taught to answer a score, or yes/no: a judge that answers no score), errors counted, never 0."""
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+
+from envs.arith import ArithEnv, ArithEnvConfig
+from envs.base import Task
+from envs.dataset import DatasetEnv, DatasetEnvConfig, JudgeScoring
+from tasks.common.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers, judge_reward
+
+ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
+YES_NO = "Task:\n{prompt}\n\nResponse:\n{completion}\n\nIs the response's final answer correct? Reply yes or no."
+
+
+def sums_env(rewards: list[dict]) -> DatasetEnv:
+    env = DatasetEnv(DatasetEnvConfig(kind="dataset", data="rows", eval_fraction=0.0, rewards=rewards), "sums")
+    env.use_rows([{"id": str(i), "prompt": task.prompt, "answer": task.answer}
+                  for i, task in enumerate(ARITH.tasks("train", 16, 0))])
+    return env
+
+
+@pytest.mark.parametrize("reply, reward", [("10", 1.0), ("Score: 7/10", 0.7), ("0", 0.0), ("-3", 0.0),
+                                           ("12", 1.0), ("2.5", 0.25)])
+def test_a_judges_first_number_is_scaled_to_a_reward(reply, reward):
+    assert judge_reward(reply, JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == pytest.approx(reward)
+
+
+def test_a_reply_without_a_number_is_no_reward():
+    assert judge_reward("yes, it is right", JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == \
+        "answered no score: 'yes, it is right'"
+
+
+def test_judge_prompts_must_hold_the_completion():
+    with pytest.raises(ValueError, match="prompt: a template with {completion}"):
+        JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j", prompt="Rate {prompt}")
+    with pytest.raises(ValueError, match="names reference"):
+        JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j", prompt="{completion} vs {reference}")
+
+
+def test_two_rewards_of_one_name_are_refused():
+    with pytest.raises(ValueError, match="two rewards named rm"):
+        DatasetEnvConfig(kind="dataset", data="rows", rewards=[{"reward_model": "rm"}, {"reward_model": "rm"}])
+
+
+@functools.cache
+def reward_model_folder() -> Path:
+    """tiny-llama with a fresh score head, saved as a reward model folder (its scores are arbitrary:
+    these tests check how they are asked for, not what they say)."""
+    import tempfile
+
+    import torch
+
+    from models.config import ModelConfig
+    from models.loading import load_model, load_tokenizer
+    from models.presets import materialize
+
+    torch.manual_seed(0)
+    folder = Path(tempfile.mkdtemp(prefix="posttrain-rm-"))
+    load_model(materialize("tiny-llama"), ModelConfig(), reward_head=True).save_pretrained(str(folder))
+    load_tokenizer(materialize("tiny-llama")).save_pretrained(str(folder))
+    return folder
+
+
+def test_a_reward_model_scores_a_batch_at_once_and_each_completion_once():
+    from models.config import ModelConfig
+    from models.loading import load_tokenizer
+    from models.presets import materialize
+
+    env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0}, {"reward_model": "rm"}])
+    attach_scorers(env, "sums", lambda stage_id: reward_model_folder(), ModelConfig(), "cpu",
+                   load_tokenizer(materialize("tiny-llama")))
+    scorer = env.scorers["rm"]
+    calls = []
+    forward = scorer.model.forward
+    scorer.model.forward = lambda *args, **kwargs: calls.append(kwargs["input_ids"].shape[0]) or forward(*args, **kwargs)
+    tasks = env.tasks("train", 6, 0)
+    completions = [f"The answer is {i}." for i in range(6)]
+    env.rubric.prefetch(list(zip(completions, tasks)))
+    assert calls == [6]  # one forward for the batch
+    scores = [env.rubric.score(c, t) for c, t in zip(completions, tasks)]
+    again = [env.rubric.score(c, t) for c, t in zip(completions, tasks)]
+    assert calls == [6]  # every score came from the cache
+    assert [s.rewards["rm"] for s in scores] == [s.rewards["rm"] for s in again]
+    assert all(0 < s.rewards["rm"] < 1 for s in scores)  # sigmoid of the head's score
+    assert all(s.total == s.rewards["rm"] for s in scores)  # answer_format at weight 0: logged only
+
+
+def test_a_reward_model_with_another_tokenizer_is_refused_in_one_line(tmp_path):
+    from transformers import AutoTokenizer
+
+    from models.config import ModelConfig
+
+    other = AutoTokenizer.from_pretrained(str(reward_model_folder()))
+    other.add_tokens(["<extra-token>"])
+    env = sums_env([{"function": "posttrain.rewards:answer_format"}, {"reward_model": "rm"}])
+    with pytest.raises(ValueError) as error:
+        attach_scorers(env, "sums", lambda stage_id: reward_model_folder(), ModelConfig(), "cpu", other)
+    message = str(error.value)
+    assert message.startswith("envs.sums.rewards[1].reward_model: the reward model's tokenizer is not the policy's "
+                              "(512 vs 513 tokens; first difference: '<extra-token>')")
+    assert "\n" not in message
+
+
+@functools.cache
+def judge_folder() -> Path:
+    """tiny-llama after a short SFT on judge prompts about arith answers, in two formats: asked for a
+    score it answers 10 (right) or 0 (a wrong number); asked yes or no, yes or no."""
+    from tiny_sft import sft_folder, tiny_llama
+
+    from tasks.common.encoding import encode_example
+
+    model, tokenizer = tiny_llama()
+    score_prompt = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j").prompt
+    examples = []
+    for task in ARITH.tasks("train", 64, 0):
+        right = ARITH.reference_completion(task)
+        wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
+        for completion, score, verdict in ((right, "10", "yes"), (wrong, "0", "no")):
+            examples.append(encode_example(tokenizer, score_prompt.format(prompt=task.prompt, completion=completion),
+                                           score, 256))
+            examples.append(encode_example(tokenizer, YES_NO.format(prompt=task.prompt, completion=completion),
+                                           verdict, 256))
+    return sft_folder(model, tokenizer, examples, 80, "posttrain-score-judge-")
+
+
+def test_a_judge_endpoint_scores_completions_concurrently_and_once_each():
+    from test_serve_model import running_server
+
+    with running_server(judge_folder(), "judge") as url:
+        env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0},
+                        {"judge": {"endpoint": url, "model": "judge", "max_workers": 4}, "weight": 1.0}])
+        attach_scorers(env, "sums", None, None, "cpu")  # a first request checks the judge answers a score
+        scorer = env.scorers["judge"]
+        tasks = env.tasks("train", 8, 1)
+        completions = [f"{t.prompt.split('is ')[-1].rstrip('?')} = {t.answer}. The answer is {t.answer}." for t in tasks]
+        env.rubric.prefetch(list(zip(completions, tasks)))
+        asked = len(scorer.cache)
+        scores = [env.rubric.score(c, t) for c, t in zip(completions, tasks)]
+    assert asked == len(set(zip((t.prompt for t in tasks), completions))) + 1  # the check's request, then each once
+    assert all(s.rewards["judge"] in (0.0, 1.0) and not s.errors for s in scores)  # 10 or 0, scaled
+    assert len(scorer.cache) == asked  # scoring asked nothing more
+
+
+def test_a_judge_that_answers_no_score_is_a_one_line_error():
+    from test_serve_model import running_server
+
+    with running_server(judge_folder(), "judge") as url:
+        env = sums_env([{"function": "posttrain.rewards:answer_format"},
+                        {"judge": {"endpoint": url, "model": "judge", "prompt": YES_NO}}])
+        with pytest.raises(JudgeConfigError) as error:
+            attach_scorers(env, "sums", None, None, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"envs.sums.rewards[1].judge: the judge judge at {url} answered no score: ")
+    assert message.endswith("its prompt must ask for a number from 0 to 10") and "\n" not in message
+
+
+def test_an_unreachable_judge_scores_nan_and_counts_the_error():
+    """A request that fails after its retries is an error the rubric records: the total is NaN,
+    never a silent 0."""
+    from conftest import free_port
+
+    judge = JudgeScoring(endpoint=f"http://127.0.0.1:{free_port()}/v1", model="judge", retries=0, timeout_seconds=2)
+    env = sums_env([{"function": "posttrain.rewards:answer_format"}, {"judge": judge.model_dump()}])
+    env.use_scorers({"judge": JudgeScorer(judge, "envs.sums.rewards[1].judge")})
+    task = env.tasks("train", 1, 0)[0]
+    score = env.rubric.score("The answer is 3.", task)
+    assert math.isnan(score.total) and math.isnan(score.rewards["judge"])
+    assert "cannot reach the endpoint" in score.errors["judge"]
+
+
+def test_an_unattached_learned_reward_is_an_error_not_a_zero():
+    env = sums_env([{"function": "posttrain.rewards:answer_format"}, {"reward_model": "rm"}])
+    score = env.rubric.score("The answer is 3.", Task(id="t", prompt="What is 1+2?", answer="3"))
+    assert math.isnan(score.total) and "has no scorer" in score.errors["rm"]
