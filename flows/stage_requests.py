@@ -94,7 +94,11 @@ def reward_code(config) -> dict[str, str]:
 
     carried = {}
     here = Path.cwd().resolve()
-    for module in sorted({reward.module for reward in getattr(config, "rewards", [])}):
+    from envs.dataset import DatasetEnvConfig, RewardConfig
+
+    functions = [reward for reward in config.rewards if isinstance(reward, RewardConfig)] \
+        if isinstance(config, DatasetEnvConfig) else []
+    for module in sorted({reward.module for reward in functions}):
         if module.split(".")[0] in code_packages():
             continue
         found = importlib.util.find_spec(module)

@@ -177,3 +177,40 @@ def test_an_unattached_learned_reward_is_an_error_not_a_zero():
     env = sums_env([{"function": "posttrain.rewards:answer_format"}, {"reward_model": "rm"}])
     score = env.rubric.score("The answer is 3.", Task(id="t", prompt="What is 1+2?", answer="3"))
     assert math.isnan(score.total) and "has no scorer" in score.errors["rm"]
+
+
+def test_reward_hacking_completions_do_not_win_under_the_shipped_shaping():
+    """pipelines/learned-rewards.yaml's rl stage, with a reward model whatever it scores (an
+    untrained head): a good answer repeated, or padded to the token budget (ended there, or cut),
+    earns less than the answer itself."""
+    from conftest import ROOT
+
+    from flows.spec import load_spec
+    from models.config import ModelConfig
+    from models.loading import load_tokenizer
+    from models.presets import materialize
+    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.stages.rl.scoring import score_trajectory
+
+    spec, _ = load_spec(ROOT / "pipelines" / "learned-rewards.yaml")
+    rl = spec.stage("rl")
+    tokenizer = load_tokenizer(materialize("tiny-llama"))
+    env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0},
+                    {"reward_model": "rm", "weight": 1.0}])
+    attach_scorers(env, "sums", lambda stage_id: reward_model_folder(), ModelConfig(), "cpu", tokenizer)
+    task = env.tasks("train", 1, 0)[0]
+    good = f"The answer is {task.answer}."
+
+    def shaped(text: str, tokens: int | None = None, ended: bool = True) -> float:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+        ids += [ids[-1]] * ((tokens or 0) - len(ids))  # a completion exactly `tokens` long
+        turn = TurnRecord(context_ids=[1], action_ids=ids, observation_ids=[], reward=0.0, truncated=not ended)
+        trajectory = Trajectory(env_id="sums", task=task, prompt_ids=[1], turns=[turn], text=text, finished=ended,
+                                actions=[text])
+        return score_trajectory(trajectory, env, rl).reward
+
+    filler = " ".join(f"word{i}" for i in range(80))
+    honest = shaped(good)
+    assert shaped(" ".join([good] * 8)) < honest  # repetition
+    assert shaped(f"{good} {filler}", tokens=rl.max_tokens) < honest  # padded to the budget, ended there
+    assert shaped(f"{good} {filler}", tokens=rl.max_tokens, ended=False) < honest  # cut at the budget

@@ -12,6 +12,7 @@ endpoint (tasks/common/endpoint_policy.py) can send it as chat messages.
 
 from __future__ import annotations
 
+import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -232,3 +233,15 @@ def ended_ids(tokenizer, text: str, stop: tuple[str, ...]) -> list[int]:
     else with the end token."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids if stop and text.endswith(stop) else ids + [tokenizer.eos_token_id]
+
+
+TASK_POOL = 4096  # train tasks drawn per env; the steps of a stage that plays envs (rl, online preference) sample from it
+
+
+def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0,
+               stream: str = "rl"):
+    """(env id, task) pairs of a step: envs drawn by weight, tasks drawn from the env's pool; a pure
+    function of (stream, seed, step, draw), so a resumed stage draws what it would have drawn."""
+    rng = random.Random(f"{stream}:{seed}:{step}" + (f":{draw}" if draw else ""))
+    env_ids = rng.choices(list(weights), weights=list(weights.values()), k=count)
+    return [(env_id, pools[env_id][rng.randrange(len(pools[env_id]))]) for env_id in env_ids]

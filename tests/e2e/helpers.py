@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -94,3 +95,17 @@ def kill_once(process: subprocess.Popen, ready, timeout: float, why_not: str) ->
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     time.sleep(1)
+
+
+def shortened_copy(tmp_path: Path, pipeline: str, short: dict[str, dict]) -> Path:
+    """pipelines/<pipeline>.yaml and examples/ copied side by side (its sources are relative to its
+    folder), its store in `tmp_path` and the stages' settings overridden by `short` (stage id -> fields)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "pipelines").mkdir()
+    spec = yaml.safe_load((ROOT / "pipelines" / f"{pipeline}.yaml").read_text())
+    spec["store"] = f"file://{tmp_path / 'store'}"
+    for stage in spec["stages"]:
+        stage.update(short.get(stage["id"], {}))
+    path = tmp_path / "pipelines" / f"{pipeline}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path

@@ -4,31 +4,15 @@ dataset and recomputes only what depends on it. Step counts are cut to keep the 
 README's figures come from the spec as shipped."""
 
 import json
-import shutil
 
 import pandas as pd
-import yaml
-from e2e.helpers import by_id, posttrain, summary
+from e2e.helpers import by_id, posttrain, shortened_copy, summary
 
 from artifacts.store import Store
-from conftest import ROOT
 
 SHORT = {"sft": {"max_steps": 8, "batch_size": 8}, "align": {"max_steps": 2, "batch_size": 4},
          "rl": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
          "final-eval": {"n": 4, "max_new_tokens": 16}}
-
-
-def shortened_copy(tmp_path):
-    """pipelines/your-data.yaml and examples/ copied side by side (its sources are relative to its folder)."""
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    (tmp_path / "pipelines").mkdir()
-    spec = yaml.safe_load((ROOT / "pipelines" / "your-data.yaml").read_text())
-    spec["store"] = f"file://{tmp_path / 'store'}"
-    for stage in spec["stages"]:
-        stage.update(SHORT.get(stage["id"], {}))
-    path = tmp_path / "pipelines" / "your-data.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
 
 
 def run(spec, tmp_path, name: str) -> dict:
@@ -38,7 +22,7 @@ def run(spec, tmp_path, name: str) -> dict:
 
 
 def test_your_data_runs_is_cached_and_reimports_only_a_changed_source(tmp_path):
-    spec = shortened_copy(tmp_path)
+    spec = shortened_copy(tmp_path, "your-data", SHORT)
     first = run(spec, tmp_path, "first")
     assert {stage["state"] for stage in first.values()} == {"completed"}
     assert first["chats"]["metrics"]["format"] == "messages" and first["prefs"]["metrics"]["format"] == "preference"

@@ -12,7 +12,6 @@ what it would have drawn.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from models.loading import load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollouts import roll_out
+from tasks.common.rollouts import TASK_POOL, roll_out, step_tasks
 from tasks.common.scoring import prefetch_scores
 from tasks.common.training import start_training
 from tasks.stages.rl.config import RlStage
@@ -28,7 +27,6 @@ from tasks.stages.rl.metrics import batch_metrics, sample_rows
 from tasks.stages.rl.scoring import Scored, has_signal, score_trajectory, scored_data, scored_from_data
 from tasks.stages.rl.update import train_step
 
-TASK_POOL = 4096  # train tasks drawn per env; steps sample from it
 
 # Episode seeds: every draw of a step gets its own block of EPISODE_SEEDS_PER_DRAW seeds, so no two
 # episodes of a stage share one (episode j of group i takes block + i * group_size + j).
@@ -40,13 +38,6 @@ STEPS_PER_SEED = 1_000_003  # more steps than a stage takes: two stage seeds nev
 def draw_seed(stage_seed: int, step: int, draw: int) -> int:
     """The first episode seed of draw `draw` of step `step`."""
     return ((stage_seed * STEPS_PER_SEED + step) * DRAWS_PER_STEP + draw) * EPISODE_SEEDS_PER_DRAW
-
-
-def step_tasks(pools: dict[str, list], weights: dict[str, float], count: int, seed: int, step: int, draw: int = 0):
-    """(env id, task) pairs of a step: envs drawn by weight, tasks drawn from the env's pool."""
-    rng = random.Random(f"rl:{seed}:{step}" + (f":{draw}" if draw else ""))
-    env_ids = rng.choices(list(weights), weights=list(weights.values()), k=count)
-    return [(env_id, pools[env_id][rng.randrange(len(pools[env_id]))]) for env_id in env_ids]
 
 
 @dataclass
