@@ -1,4 +1,4 @@
-"""DPO training throughput: this project's preference loop (tasks/stages/preference.py) against TRL's `DPOTrainer`.
+"""DPO training throughput: this project's preference loop (tasks/stages/preference/stage.py) against TRL's `DPOTrainer`.
 
 Both sides train the `tiny-llama` preset in float32 on the same arith preference pairs, in two
 shapes (`make_pairs`): "equal", the headline, where the rejected completion is the chosen one
@@ -133,7 +133,7 @@ def last_batch_loss(model, pairs: Pairs, indices: list[int], ref_chosen, ref_rej
     return round(losses.mean().item(), 5)
 
 
-# ---- ours: the step of tasks/stages/preference.py, without its checkpointing and logging ----------
+# ---- ours: the step of tasks/stages/preference/stage.py, without its checkpointing and logging ----------
 
 def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Settings):
     import torch

@@ -214,3 +214,26 @@ def test_reward_hacking_completions_do_not_win_under_the_shipped_shaping():
     assert shaped(" ".join([good] * 8)) < honest  # repetition
     assert shaped(f"{good} {filler}", tokens=rl.max_tokens) < honest  # padded to the budget, ended there
     assert shaped(f"{good} {filler}", tokens=rl.max_tokens, ended=False) < honest  # cut at the budget
+
+
+def test_generate_picks_preference_pairs_by_a_reward_models_score():
+    """generate's rows carry the reward model's score (`reward_rm`, scored in one batch), and the
+    preference pair of a prompt is its best and worst by that score."""
+    from models.config import ModelConfig
+    from tasks.common.pairs import preference_pairs
+    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.stages.generate import GenerateStage, rollout_rows
+
+    env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0}, {"reward_model": "rm"}])
+    attach_scorers(env, "sums", lambda stage_id: reward_model_folder(), ModelConfig(), "cpu")
+    task = env.tasks("train", 1, 0)[0]
+    texts = [f"The answer is {task.answer}.", "I do not know.", f"{task.answer}!"]
+    group = [Trajectory(env_id="sums", task=task, prompt_ids=[1], text=text, finished=True, actions=[text],
+                        turns=[TurnRecord(context_ids=[1], action_ids=[5, 2], observation_ids=[], reward=0.0,
+                                          truncated=False)]) for text in texts]
+    rows = rollout_rows(env, [group], GenerateStage(kind="generate", id="g", policy="p", env="sums", n=1, samples=3,
+                                                    greedy=0))
+    scores = [row["reward_rm"] for row in rows]
+    assert [row["reward"] for row in rows] == scores and len(set(scores)) == 3
+    [pair], _ = preference_pairs(rows)
+    assert pair["chosen"] == texts[scores.index(max(scores))] and pair["rejected"] == texts[scores.index(min(scores))]

@@ -393,3 +393,13 @@ def test_bad_learned_reward_spec_is_one_line_exit_2(spec, message, tmp_path, cap
         assert message in err, err
         assert len(err.splitlines()) == 1 and err.startswith("error: ")
     assert not (tmp_path / "store").exists()
+
+
+def test_check_endpoints_reaches_a_dataset_envs_judge(tmp_path, capsys):
+    from conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    path = write_spec(tmp_path, learned_rewards_spec({"judge": {"endpoint": url, "model": "j"}}))
+    code, err = run_cli(capsys, "validate", "--check-endpoints", path)
+    assert code == 2 and err.startswith(f"error: envs.sums.rewards[1].judge: {url}: cannot reach the endpoint"), err
+    assert len(err.splitlines()) == 1

@@ -2,7 +2,7 @@
 
 A rollout server must serve its model, return token ids and log-probs, and report log-probs after
 temperature (the rollout backend's own start check, tasks/common/server_checks.py); a teacher or
-judge endpoint must list its model.
+judge endpoint (a dataset env's judge reward too) must list its model.
 The first problem is one line naming the stage's field and the endpoint (exit 2).
 """
 
@@ -33,5 +33,27 @@ def check_endpoints(spec) -> int:
             except (EndpointError, EndpointConfigError) as exc:
                 raise UserError(f"{where}: {exc}") from None
             print(f"{where}: {config.describe()} answers{found}", flush=True)
+            checked += 1
+    return checked + check_judges(spec)
+
+
+def check_judges(spec) -> int:
+    """Each judge of a dataset env's rewards lists its model; how many were checked (whether it
+    answers a score is checked by the stage that attaches it, on a train task)."""
+    from envs.dataset import DatasetEnvConfig, JudgeReward
+    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
+
+    checked = 0
+    for env_id, config in spec.envs.items():
+        rewards = config.rewards if isinstance(config, DatasetEnvConfig) else []
+        for i, reward in enumerate(rewards):
+            if not isinstance(reward, JudgeReward):
+                continue
+            where = f"envs.{env_id}.rewards[{i}].judge"
+            try:
+                EndpointPolicy.of(reward.judge, None, where).check_model()
+            except (EndpointError, EndpointConfigError) as exc:
+                raise UserError(f"{where}: {exc}") from None
+            print(f"{where}: {reward.judge.describe()} answers", flush=True)
             checked += 1
     return checked
