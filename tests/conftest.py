@@ -39,7 +39,7 @@ share_the_cores()
 
 # Tests that read one session fixture run on one worker (so it is built once); the others go by
 # module, so module fixtures are built once too (`--dist loadgroup`).
-ONE_WORKER_FOR = {"base_url": "served-model", "s3_run": "s3-run"}
+ONE_WORKER_FOR = {"base_url": "served-model", "s3_run": "s3-run", "judge_url": "judge", "score_judge_url": "judge"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,6 +87,26 @@ def s3_endpoint():
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="posttrain-test")
     yield endpoint
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def judge_url():
+    """A yes/no judge model (tests/tiny_sft.py: judge_folder) served by models.serving on 127.0.0.1 as `judge`."""
+    from test_serve_model import running_server
+    from tiny_sft import judge_folder
+
+    with running_server(judge_folder("yes_no"), "judge") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def score_judge_url():
+    """A judge model answering scores (tests/tiny_sft.py: judge_folder), served as `judge`."""
+    from test_serve_model import running_server
+    from tiny_sft import judge_folder
+
+    with running_server(judge_folder("score"), "judge") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

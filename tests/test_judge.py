@@ -1,19 +1,16 @@
 """The judge rubric: verdict parsing, its metrics, and an evaluation graded by a judge model served
-by models.serving on 127.0.0.1 (tiny-llama taught the yes/no format on judge prompts)."""
+by models.serving on 127.0.0.1 (conftest's `judge_url`: tiny-llama taught the yes/no format on judge prompts)."""
 
-import functools
 import math
-from pathlib import Path
 
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from tasks.common.judge import judge_metrics, judge_prompt, verdict
+from tasks.common.judge import judge_metrics, verdict
 from tasks.config import Judge
 from tasks.stages.evaluate import EvaluateStage
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
-JUDGE_STEPS = 80
 
 
 @pytest.mark.parametrize("reply, expected", [("yes", 1.0), ("Yes.", 1.0), (" YES, it is 42", 1.0), ("no", 0.0),
@@ -29,28 +26,7 @@ def test_judge_metrics_count_agreement_on_parsed_verdicts_only():
     assert judge_metrics([{"correct": True}]) == {}  # no judge asked
 
 
-@functools.cache
-def judge_checkpoint() -> Path:
-    """tiny-llama after a short SFT on judge prompts about arith answers (right: yes, a wrong
-    number: no): it replies in the judge's format, which is what this test needs of it."""
-    from tiny_sft import sft_folder, tiny_llama
-
-    from tasks.common.encoding import encode_example
-
-    model, tokenizer = tiny_llama()
-    examples = []
-    for task in ARITH.tasks("train", 128, 0):
-        right = ARITH.reference_completion(task)
-        wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
-        for completion, reply in ((right, "yes"), (wrong, "no")):
-            row = {"prompt": task.prompt, "answer": task.answer, "completion": completion}
-            examples.append(encode_example(tokenizer, judge_prompt(row), reply, 256))
-    return sft_folder(model, tokenizer, examples, JUDGE_STEPS, "posttrain-judge-")
-
-
-def test_an_evaluation_graded_by_a_judge_endpoint():
-    from test_serve_model import running_server
-
+def test_an_evaluation_graded_by_a_judge_endpoint(judge_url):
     from models.config import ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
@@ -59,10 +35,9 @@ def test_an_evaluation_graded_by_a_judge_endpoint():
 
     policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
     tokenizer = load_tokenizer(materialize("tiny-llama"))
-    with running_server(judge_checkpoint(), "judge") as url:
-        stage = EvaluateStage(kind="evaluate", id="e", checkpoints=["c"], envs=["arith"], n=12, max_new_tokens=24,
-                              sampled=None, judge=Judge(endpoint=url, model="judge"))
-        rows, metrics = evaluate_policy(LocalPolicy(policy_model, tokenizer), tokenizer, ARITH, stage, "c")
+    stage = EvaluateStage(kind="evaluate", id="e", checkpoints=["c"], envs=["arith"], n=12, max_new_tokens=24,
+                          sampled=None, judge=Judge(endpoint=judge_url, model="judge"))
+    rows, metrics = evaluate_policy(LocalPolicy(policy_model, tokenizer), tokenizer, ARITH, stage, "c")
     assert all(row["judge"] in (0.0, 1.0) for row in rows)  # the judge answered in its format every time
     assert metrics["judge_unparsed"] == 0
     assert metrics["judge_accuracy"] == round(sum(row["judge"] for row in rows) / len(rows), 4)

@@ -1,6 +1,6 @@
 """Learned rewards in a dataset env's rubric: a reward model's scores (batched, cached, its tokenizer
-checked against the policy's) and a judge endpoint's (models.serving on 127.0.0.1 with tiny-llama
-taught to answer a score, or yes/no: a judge that answers no score), errors counted, never 0."""
+checked against the policy's) and a judge endpoint's (conftest's `score_judge_url`: tiny-llama taught
+to answer a score; `judge_url`, taught yes/no: a judge that answers no score), errors counted, never 0."""
 
 import functools
 import math
@@ -11,10 +11,10 @@ import pytest
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.base import Task
 from envs.dataset import DatasetEnv, DatasetEnvConfig, JudgeScoring
+from tasks.common.judge import JUDGE_PROMPT
 from tasks.common.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers, judge_reward
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
-YES_NO = "Task:\n{prompt}\n\nResponse:\n{completion}\n\nIs the response's final answer correct? Reply yes or no."
 
 
 def sums_env(rewards: list[dict]) -> DatasetEnv:
@@ -106,56 +106,29 @@ def test_a_reward_model_with_another_tokenizer_is_refused_in_one_line(tmp_path):
     assert "\n" not in message
 
 
-@functools.cache
-def judge_folder() -> Path:
-    """tiny-llama after a short SFT on judge prompts about arith answers, in two formats: asked for a
-    score it answers 10 (right) or 0 (a wrong number); asked yes or no, yes or no."""
-    from tiny_sft import sft_folder, tiny_llama
-
-    from tasks.common.encoding import encode_example
-
-    model, tokenizer = tiny_llama()
-    score_prompt = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j").prompt
-    examples = []
-    for task in ARITH.tasks("train", 64, 0):
-        right = ARITH.reference_completion(task)
-        wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
-        for completion, score, verdict in ((right, "10", "yes"), (wrong, "0", "no")):
-            examples.append(encode_example(tokenizer, score_prompt.format(prompt=task.prompt, completion=completion),
-                                           score, 256))
-            examples.append(encode_example(tokenizer, YES_NO.format(prompt=task.prompt, completion=completion),
-                                           verdict, 256))
-    return sft_folder(model, tokenizer, examples, 80, "posttrain-score-judge-")
-
-
-def test_a_judge_endpoint_scores_completions_concurrently_and_once_each():
-    from test_serve_model import running_server
-
-    with running_server(judge_folder(), "judge") as url:
-        env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0},
-                        {"judge": {"endpoint": url, "model": "judge", "max_workers": 4}, "weight": 1.0}])
-        attach_scorers(env, "sums", None, None, "cpu")  # a first request checks the judge answers a score
-        scorer = env.scorers["judge"]
-        tasks = env.tasks("train", 8, 1)
-        completions = [f"{t.prompt.split('is ')[-1].rstrip('?')} = {t.answer}. The answer is {t.answer}." for t in tasks]
-        env.rubric.prefetch(list(zip(completions, tasks)))
-        asked = len(scorer.cache)
-        scores = [env.rubric.score(c, t) for c, t in zip(completions, tasks)]
+def test_a_judge_endpoint_scores_completions_concurrently_and_once_each(score_judge_url):
+    env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0},
+                    {"judge": {"endpoint": score_judge_url, "model": "judge", "max_workers": 4}, "weight": 1.0}])
+    attach_scorers(env, "sums", None, None, "cpu")  # a first request checks the judge answers a score
+    scorer = env.scorers["judge"]
+    tasks = env.tasks("train", 8, 1)
+    completions = [f"{t.prompt.split('is ')[-1].rstrip('?')} = {t.answer}. The answer is {t.answer}." for t in tasks]
+    env.rubric.prefetch(list(zip(completions, tasks)))
+    asked = len(scorer.cache)
+    scores = [env.rubric.score(c, t) for c, t in zip(completions, tasks)]
     assert asked == len(set(zip((t.prompt for t in tasks), completions))) + 1  # the check's request, then each once
     assert all(s.rewards["judge"] in (0.0, 1.0) and not s.errors for s in scores)  # 10 or 0, scaled
     assert len(scorer.cache) == asked  # scoring asked nothing more
 
 
-def test_a_judge_that_answers_no_score_is_a_one_line_error():
-    from test_serve_model import running_server
-
-    with running_server(judge_folder(), "judge") as url:
-        env = sums_env([{"function": "posttrain.rewards:answer_format"},
-                        {"judge": {"endpoint": url, "model": "judge", "prompt": YES_NO}}])
-        with pytest.raises(JudgeConfigError) as error:
-            attach_scorers(env, "sums", None, None, "cpu")
+def test_a_judge_that_answers_no_score_is_a_one_line_error(judge_url):
+    """A yes/no grader (the evaluation judge's prompt) asked for a reward."""
+    env = sums_env([{"function": "posttrain.rewards:answer_format"},
+                    {"judge": {"endpoint": judge_url, "model": "judge", "prompt": JUDGE_PROMPT}}])
+    with pytest.raises(JudgeConfigError) as error:
+        attach_scorers(env, "sums", None, None, "cpu")
     message = str(error.value)
-    assert message.startswith(f"envs.sums.rewards[1].judge: the judge judge at {url} answered no score: ")
+    assert message.startswith(f"envs.sums.rewards[1].judge: the judge judge at {judge_url} answered no score: ")
     assert message.endswith("its prompt must ask for a number from 0 to 10") and "\n" not in message
 
 

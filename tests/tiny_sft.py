@@ -38,3 +38,28 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def judge_folder(replies: str) -> Path:
+    """tiny-llama after a short SFT on judge prompts about one-digit arith answers, in one of the
+    formats posttrain's judges use: `yes_no`, tasks/common/judge.py's prompt answered yes (right)
+    or no (a wrong number); `score`, a judge reward's default prompt answered 10 or 0. (One model
+    taught both mixes them up.)"""
+    from envs.arith import ArithEnv, ArithEnvConfig
+    from envs.dataset import JudgeScoring
+    from tasks.common.encoding import encode_example
+    from tasks.common.judge import judge_prompt
+
+    arith = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
+    score_prompt = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="judge").prompt
+    model, tokenizer = tiny_llama()
+    examples = []
+    for task in arith.tasks("train", 128, 0):
+        right = arith.reference_completion(task)
+        wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
+        for completion, verdict, score in ((right, "yes", "10"), (wrong, "no", "0")):
+            row = {"prompt": task.prompt, "answer": task.answer, "completion": completion}
+            prompt, reply = (judge_prompt(row), verdict) if replies == "yes_no" else \
+                (score_prompt.format(prompt=task.prompt, completion=completion), score)
+            examples.append(encode_example(tokenizer, prompt, reply, 256))
+    return sft_folder(model, tokenizer, examples, 80 if replies == "yes_no" else 30, f"posttrain-judge-{replies}-")
