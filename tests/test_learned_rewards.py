@@ -30,7 +30,7 @@ def test_a_judges_first_number_is_scaled_to_a_reward(reply, reward):
     assert judge_reward(reply, JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == pytest.approx(reward)
 
 
-def test_a_reply_without_a_number_is_no_reward():
+def test_a_judge_reply_without_a_number_is_no_reward():
     assert judge_reward("yes, it is right", JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == \
         "answered no score: 'yes, it is right'"
 
@@ -152,7 +152,7 @@ def test_an_unattached_learned_reward_is_an_error_not_a_zero():
     assert math.isnan(score.total) and "has no scorer" in score.errors["rm"]
 
 
-def test_reward_hacking_completions_do_not_win_under_the_shipped_shaping():
+def test_reward_hacking_of_a_reward_model_does_not_win_under_the_shipped_shaping():
     """pipelines/learned-rewards.yaml's rl stage, with a reward model whatever it scores (an
     untrained head): a good answer repeated, or padded to the token budget (ended there, or cut),
     earns less than the answer itself."""

@@ -13,7 +13,7 @@ from tasks.stages.preference import PreferenceStage
 from tasks.stages.preference.online import episode_pairs
 
 
-def test_each_prompts_two_completions_pair_by_reward_ties_and_nans_dropped():
+def test_online_dpo_pairs_each_prompts_two_completions_by_reward_ties_and_nans_dropped():
     episodes = [SimpleNamespace(name=name) for name in "abcdefgh"]
     stats = PairStats()
     pairs = episode_pairs(episodes, [0.2, 0.9, 1.0, 0.0, 0.5, 0.5, math.nan, 1.0], stats)
@@ -25,7 +25,7 @@ def preference(**fields) -> PreferenceStage:
     return PreferenceStage(**{"kind": "preference", "id": "odpo", "policy": "sft", **fields})
 
 
-def test_online_and_offline_each_take_their_own_inputs():
+def test_online_dpo_and_offline_preference_each_take_their_own_inputs():
     assert preference(mode="online", envs={"sums": 1.0}, max_steps=3).datasets() == []
     assert preference(data="onpolicy").mode == "offline"
     with pytest.raises(ValueError, match="mode: online samples its pairs from `envs`"):

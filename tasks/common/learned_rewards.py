@@ -17,14 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 from envs.dataset import JudgeReward, JudgeScoring, RewardModelReward
 from models.loading import load_model, load_tokenizer
+from tasks.common.contract_gate import ContractViolation
 from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
 from tasks.common.reward_models import check_same_tokenizer, reward_examples, scores_in_batches
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-class JudgeConfigError(ValueError):
-    """A judge that cannot score as configured (it answered no score to the probe); one line."""
+class JudgeConfigError(ContractViolation, ValueError):
+    """A judge that cannot score as configured (it answered no score to the probe); one line, and
+    retrying the stage cannot fix it."""
 
 
 class RewardModelScorer:
@@ -71,8 +73,8 @@ class JudgeScorer:
         """One request before any training: the endpoint answers, and answers a score."""
         try:
             value = self._ask((prompt, completion, answer))
-        except EndpointError as exc:
-            raise JudgeConfigError(f"{self.field}: {exc}") from None
+        except EndpointError as exc:  # perhaps passing: the stage's retries may find it up
+            raise EndpointError(f"{self.field}: {exc}") from None
         if isinstance(value, str):
             raise JudgeConfigError(f"{self.field}: the judge {self.judge.describe()} {value}; its prompt must ask "
                                    f"for a number from {self.judge.min_score:g} to {self.judge.max_score:g}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import zlib
 
+from tasks.common.contract_gate import ContractViolation
 from tasks.common.encoding import Example, answer_example, collate
 
 SCORE_BATCH = 32
@@ -53,5 +54,5 @@ def check_same_tokenizer(reward_tokenizer, policy_tokenizer, where: str) -> None
                                   "model from the policy's base model")
 
 
-class RewardModelMismatch(ValueError):
-    """A reward model that cannot score this policy's completions (one line)."""
+class RewardModelMismatch(ContractViolation, ValueError):
+    """A reward model that cannot score this policy's completions (one line; retrying cannot fix it)."""
