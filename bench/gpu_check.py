@@ -30,12 +30,13 @@ from bench.gpu_check_vllm import vllm_checks
 from models.presets import materialize
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_STAGES = ("sft", "generate", "align", "rl", "final-eval")  # the stages that load a model
+MODEL_STAGES = ("sft", "generate", "align", "rm", "online", "rl", "final-eval")  # the stages that load a model
 REAL_MODELS = ("LiquidAI/LFM2-350M", "Qwen/Qwen3-0.6B")
 CHATS = [{"prompt": f"What is {a} + {b}?", "completion": f"{a + b}"} for a in range(1, 9) for b in range(1, 5)]
 # pairs the preference stage always has, whatever the briefly trained policy's rollouts tie on
 PAIRS = [{"prompt": f"What is {a} + {b}?", "chosen": f"{a + b}", "rejected": f"{a + b + 1}"} for a in range(1, 5)
          for b in range(1, 5)]
+PROMPTS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 5)]
 
 
 def pipeline_spec(store: str, base: str, lora: bool) -> dict:
@@ -44,20 +45,30 @@ def pipeline_spec(store: str, base: str, lora: bool) -> dict:
         "name": "gpu-check",
         "store": store,
         "model": {"base": base, **({"lora": {"r": 8}} if lora else {})},
-        "envs": {"arith": {"kind": "arith", "digits": 2}},
+        # sums: prompts rewarded by the reward model (its scores never tie: online DPO always has pairs)
+        "envs": {"arith": {"kind": "arith", "digits": 2},
+                 "sums": {"kind": "dataset", "source": "prompts.jsonl", "eval_fraction": 0.25,
+                          "rewards": [{"function": "posttrain.rewards:answer_format", "weight": 0.0},
+                                      {"reward_model": "rm"}]}},
         "defaults": {"retries": 0, "timeout_seconds": 1800, "gpus": 1},
         "stages": [
             {"id": "chats", "kind": "dataset", "source": "chats.jsonl"},
             {"id": "pairs", "kind": "dataset", "source": "pairs.jsonl"},
             {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 128},
-            {"id": "sft", "kind": "sft", "data": {"warmup": 0.7, "chats": 0.3}, "max_steps": 8, "batch_size": 8,
-             "micro_batch_size": 4, "gradient_checkpointing": True, "mixed_precision": "bf16"},
+            # 8 steps left greedy completions empty (the end token first), which the rollouts contract refuses
+            {"id": "sft", "kind": "sft", "data": {"warmup": 0.7, "chats": 0.3}, "max_steps": 40, "batch_size": 8,
+             "learning_rate": 0.01 if lora else 0.003, "micro_batch_size": 4, "gradient_checkpointing": True, "mixed_precision": "bf16"},
+            # a briefly trained policy may run to max_tokens: the check is where it runs, not what it writes
             {"id": "generate", "kind": "generate", "policy": "sft", "env": "arith", "n": 8, "samples": 2,
-             "greedy": 1, "max_tokens": 32},
+             "greedy": 1, "max_tokens": 32, "contract": {"max_truncated_fraction": 1.0}},
             {"id": "align", "kind": "preference", "policy": "sft", "data": ["generate", "pairs"], "max_steps": 2,
              "batch_size": 4, "micro_batch_size": 2},
-            {"id": "rl", "kind": "rl", "policy": "align", "envs": {"arith": 1.0}, "steps": 2,
-             "prompts_per_step": 2, "group_size": 4, "max_tokens": 32, "micro_batch_size": 4},
+            {"id": "rm", "kind": "reward_model", "policy": "sft", "data": "pairs", "max_steps": 2, "batch_size": 4,
+             "eval_fraction": 0.25},
+            {"id": "online", "kind": "preference", "mode": "online", "policy": "sft", "envs": {"sums": 1.0},
+             "max_steps": 2, "batch_size": 4, "max_tokens": 32},
+            {"id": "rl", "kind": "rl", "policy": "align", "envs": {"arith": 1.0, "sums": 1.0}, "steps": 2,
+             "prompts_per_step": 2, "group_size": 4, "max_tokens": 32, "micro_batch_size": 4, "advantage": "rloo"},
             {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "rl"], "envs": ["arith"], "n": 16,
              "max_new_tokens": 32},
         ],
@@ -83,13 +94,13 @@ fsdp_config:
   fsdp_reshard_after_forward: true
   fsdp_state_dict_type: SHARDED_STATE_DICT
 """
-TRAINING_STAGES = ("sft", "align", "rl")
+TRAINING_STAGES = ("sft", "align", "rm", "rl")  # online preference runs in one process
 
 
 def write_pipeline(folder: Path, base: str, lora: bool, fsdp: bool = False) -> Path:
     """The check's spec and its data files in `folder`; returns the spec's path. `fsdp`: the
     training stages on two GPUs under FSDP_CONFIG."""
-    for name, rows in (("chats", CHATS), ("pairs", PAIRS)):
+    for name, rows in (("chats", CHATS), ("pairs", PAIRS), ("prompts", PROMPTS)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     spec_data = pipeline_spec(f"file://{folder / 'store'}", base, lora)
     if fsdp:

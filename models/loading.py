@@ -82,12 +82,31 @@ def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = Fa
     load = (lambda folder: with_pad_id(new_head_quietly(folder, dtype))) if reward_head else \
         (lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
     if isinstance(path, Path) and (path / ADAPTER_CONFIG).exists():
-        from peft import PeftModel
+        from peft import PeftConfig, PeftModel
 
+        config = PeftConfig.from_pretrained(str(path))
+        if reward_head and config.task_type != "SEQ_CLS":
+            return reward_model_on_policy_adapter(path, config, load(resolve_base(model_cfg.base)), trainable)
         return PeftModel.from_pretrained(load(resolve_base(model_cfg.base)), str(path), is_trainable=trainable)
     model = load(str(path))
     if trainable and model_cfg.lora is not None:
         model = add_lora(model, model_cfg, "SEQ_CLS" if reward_head else "CAUSAL_LM")
+    return model
+
+
+def reward_model_on_policy_adapter(path: Path, config, model, trainable: bool):
+    """A reward model that starts from a policy's LoRA adapter: the same adapter weights over the
+    base (`model`, with its new score head), trained on as a sequence classifier's adapter, the
+    whole head trained and saved beside it."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    config.task_type, config.modules_to_save, config.inference_mode = "SEQ_CLS", None, not trainable
+    with warnings.catch_warnings():  # peft's SEQ_CLS wrapper reads a property transformers deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(model, config)
+    # the policy's adapter weights over the new model's own state (its fresh head among them)
+    set_peft_model_state_dict(model, {**get_peft_model_state_dict(model), **load_peft_weights(str(path))})
     return model
 
 

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
-from models.loading import context_length, load_tokenizer, set_threads
+from models.loading import context_length, load_tokenizer, resolve_base, set_threads
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
@@ -186,5 +186,5 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
                        greedy_doom_loop_rate=round(sum(r["doom_loop"] for r in greedy) / len(greedy), 4))
     ctx.log(f"{len(rows)} rollouts over {len(tasks)} prompts: {metrics}")
     contract = ContractParams(kind="rollouts", group_size=stage.samples + stage.greedy,
-                              reward_range=env.rubric.reward_range, context_length=context_length(folder))
+                              reward_range=env.rubric.reward_range, context_length=context_length(resolve_base(ctx.model.base)))
     return {"rollouts": StageOutput("dataset", out_dir, metrics, contract)}

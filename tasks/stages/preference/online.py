@@ -16,7 +16,7 @@ import contextlib
 import math
 
 from data_contracts.config import ContractParams
-from models.loading import context_length, load_model
+from models.loading import context_length, load_model, resolve_base
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.contract_gate import ContractViolation
@@ -149,4 +149,4 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
                                "final_loss": trained[-1]["loss"] if trained else None,
                                "final_sampled_reward": training.history[-1]["sampled_reward"]})
     return {**outputs, "pairs": StageOutput("dataset", pairs_dir, vars(stats),
-                                            ContractParams(kind="preference", context_length=context_length(source)))}
+                                            ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base))))}

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
-from models.loading import context_length, load_model, load_tokenizer, set_threads
+from models.loading import context_length, load_model, load_tokenizer, resolve_base, set_threads
 from models.losses import IGNORE_INDEX, preference_loss
 from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 from models.sampling import chat_prompt
@@ -278,7 +278,7 @@ def run_offline(stage: PreferenceStage, ctx: StageContext, source: str, tokenize
     pairs_dir = ctx.workdir / "pairs"
     write_rows(pairs, pairs_dir)
     pairs_output = StageOutput("dataset", pairs_dir, vars(stats),
-                               ContractParams(kind="preference", context_length=context_length(source)))
+                               ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base))))
     pairs_output.contract_summary = contract_gate.check(ctx, pairs_output, stage.contract)  # before any training
 
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
