@@ -57,7 +57,8 @@ def pipeline_spec(store: str, base: str, lora: bool) -> dict:
             {"id": "warmup", "kind": "synthesize", "env": "arith", "n": 128},
             # 8 steps left greedy completions empty (the end token first), which the rollouts contract refuses
             {"id": "sft", "kind": "sft", "data": {"warmup": 0.7, "chats": 0.3}, "max_steps": 40, "batch_size": 8,
-             "learning_rate": 0.01 if lora else 0.003, "micro_batch_size": 4, "gradient_checkpointing": True, "mixed_precision": "bf16"},
+             "learning_rate": 0.01 if lora else 0.003, "micro_batch_size": 4, "gradient_checkpointing": True,
+             "mixed_precision": "bf16"},
             # a briefly trained policy may run to max_tokens: the check is where it runs, not what it writes
             {"id": "generate", "kind": "generate", "policy": "sft", "env": "arith", "n": 8, "samples": 2,
              "greedy": 1, "max_tokens": 32, "contract": {"max_truncated_fraction": 1.0}},

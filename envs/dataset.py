@@ -130,7 +130,8 @@ def reward_source(entry) -> str | None:
 
 
 REWARD_TAGS = {"function": "function-reward", "reward_model": "reward-model-reward", "judge": "judge-reward"}
-Reward = Annotated[Annotated[RewardConfig, Tag("function-reward")] | Annotated[RewardModelReward, Tag("reward-model-reward")]
+Reward = Annotated[Annotated[RewardConfig, Tag("function-reward")]
+                   | Annotated[RewardModelReward, Tag("reward-model-reward")]
                    | Annotated[JudgeReward, Tag("judge-reward")],
                    Discriminator(reward_source, custom_error_type="reward_source",
                                  custom_error_message="a reward names its `function`, `reward_model` or `judge`")]

@@ -104,9 +104,11 @@ class JudgeScorer:
     def _ask(self, item: tuple[str, str, str]) -> float | str:
         prompt, completion, answer = item
         text = self.judge.prompt.format(prompt=prompt, completion=completion, answer=answer)
-        reply = endpoint_call(self.judge.endpoint, self.client, self.judge.model, lambda: self.client.chat.completions.create(
-            model=self.judge.model, messages=[{"role": "user", "content": text}], temperature=0,
-            max_tokens=self.judge.max_tokens)).choices[0].message.content or ""
+        request = {"model": self.judge.model, "messages": [{"role": "user", "content": text}], "temperature": 0,
+                   "max_tokens": self.judge.max_tokens}
+        response = endpoint_call(self.judge.endpoint, self.client, self.judge.model,
+                                 lambda: self.client.chat.completions.create(**request))
+        reply = response.choices[0].message.content or ""
         return judge_reward(reply, self.judge)
 
 

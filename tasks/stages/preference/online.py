@@ -57,7 +57,7 @@ def side(trajectory, max_len: int) -> Example:
 
 
 def pair_row(step: int, index: int, chosen, rejected, chosen_reward: float, rejected_reward: float,
-             ref_chosen: float, ref_rejected: float, examples: tuple[Example, Example]) -> dict:
+             ref_chosen: float, ref_rejected: float, examples: list[Example]) -> dict:
     """A pair trained on, with the columns of the offline stage's pairs."""
     return {"id": f"step-{step}-{index}-{chosen.task.id}", "prompt": chosen.task.prompt, "chosen": chosen.text,
             "rejected": rejected.text, "chosen_score": chosen_reward, "rejected_score": rejected_reward,
@@ -86,9 +86,9 @@ class Sampler:
             indices = [i for i, (picked_env, _) in enumerate(picked) if picked_env == env_id]
             if not indices:
                 continue
-            trajectories = roll_out(self.policy, self.tokenizer, env, [picked[i][1] for i in indices for _ in range(SAMPLES)],
-                                    self.params, episode_seeds=[first_seed + SAMPLES * i + j for i in indices
-                                                                for j in range(SAMPLES)])
+            tasks = [picked[i][1] for i in indices for _ in range(SAMPLES)]
+            seeds = [first_seed + SAMPLES * i + j for i in indices for j in range(SAMPLES)]
+            trajectories = roll_out(self.policy, self.tokenizer, env, tasks, self.params, episode_seeds=seeds)
             prefetch_scores(trajectories, env)
             scores = [score_episode(trajectory, env).reward for trajectory in trajectories]
             pairs += episode_pairs(trajectories, scores, stats)
@@ -134,8 +134,8 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
         metrics, tokens = train_step(training.learner, chosen, rejected, torch.tensor(ref_chosen),
                                      torch.tensor(ref_rejected), stage, pad_id)
         training.record(step, tokens, **metrics, **sampled)
-        rows += [pair_row(step, i, c, r, c_reward, r_reward, rc, rr, (ce, re)) for i, ((c, r, c_reward, r_reward), rc, rr, ce, re)
-                 in enumerate(zip(pairs, ref_chosen, ref_rejected, chosen, rejected))]
+        sided = zip(pairs, ref_chosen, ref_rejected, chosen, rejected)
+        rows += [pair_row(step, i, *pair, ref_c, ref_r, sides) for i, (pair, ref_c, ref_r, *sides) in enumerate(sided)]
     ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored dropped)")
     if not rows:  # the rubric never told two completions apart: nothing was trained
@@ -148,5 +148,5 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
                                "dropped_tied": stats.dropped_tied, "dropped_unscored": stats.dropped_unscored,
                                "final_loss": trained[-1]["loss"] if trained else None,
                                "final_sampled_reward": training.history[-1]["sampled_reward"]})
-    return {**outputs, "pairs": StageOutput("dataset", pairs_dir, vars(stats),
-                                            ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base))))}
+    contract = ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base)))
+    return {**outputs, "pairs": StageOutput("dataset", pairs_dir, vars(stats), contract)}

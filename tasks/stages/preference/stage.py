@@ -277,8 +277,8 @@ def run_offline(stage: PreferenceStage, ctx: StageContext, source: str, tokenize
 
     pairs_dir = ctx.workdir / "pairs"
     write_rows(pairs, pairs_dir)
-    pairs_output = StageOutput("dataset", pairs_dir, vars(stats),
-                               ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base))))
+    contract = ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base)))
+    pairs_output = StageOutput("dataset", pairs_dir, vars(stats), contract)
     pairs_output.contract_summary = contract_gate.check(ctx, pairs_output, stage.contract)  # before any training
 
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
