@@ -30,7 +30,7 @@ class EndpointPolicy:
     """`act` and `complete` of the rollout loop's policy protocol, over the official `openai` client."""
 
     def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None, extensions: bool = True,
-                 max_workers: int = 4):
+                 max_workers: int = 4, max_retries: int = 1, timeout: float | None = None):
         from openai import OpenAI
 
         self.base_url, self.model, self.tokenizer = base_url, model, tokenizer
@@ -38,7 +38,9 @@ class EndpointPolicy:
         self.max_workers = max_workers
         # a key goes only to the endpoint whose config names its variable (`api_key_env`): never
         # OPENAI_API_KEY by default, which would hand it to whatever URL a spec or event gives
-        self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=1)
+        # the client retries timeouts, connection errors, 429s and 5xx itself, backing off
+        self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=max_retries,
+                             **({"timeout": timeout} if timeout is not None else {}))
 
     @classmethod
     def of(cls, config, tokenizer, field: str) -> "EndpointPolicy":

@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from envs.dataset import JudgeReward, JudgeScoring, RewardModelReward
 from models.loading import load_model, load_tokenizer
+from models.sampling import SamplingParams
 from tasks.common.contract_gate import ContractViolation
-from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
+from tasks.common.endpoint_policy import EndpointError, EndpointPolicy, endpoint_api_key
 from tasks.common.reward_models import check_same_tokenizer, reward_examples, scores_in_batches
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -61,12 +62,9 @@ class JudgeScorer:
     first number, from min_score to max_score, as a reward in [0, 1]."""
 
     def __init__(self, judge: JudgeScoring, field: str):
-        from openai import OpenAI
-
         self.judge, self.field = judge, field
-        # the openai client retries timeouts, connection errors, 429s and 5xx itself, backing off
-        self.client = OpenAI(base_url=judge.endpoint, api_key=endpoint_api_key(judge, field) or "none",
-                             max_retries=judge.retries, timeout=judge.timeout_seconds)
+        self.policy = EndpointPolicy(judge.endpoint, judge.model, None, api_key=endpoint_api_key(judge, field),
+                                     max_retries=judge.retries, timeout=judge.timeout_seconds)
         self.cache: dict[tuple[str, str, str], float | str] = {}  # a score, or why there is none
 
     def check(self, prompt: str, completion: str, answer: str) -> None:
@@ -104,12 +102,7 @@ class JudgeScorer:
     def _ask(self, item: tuple[str, str, str]) -> float | str:
         prompt, completion, answer = item
         text = self.judge.prompt.format(prompt=prompt, completion=completion, answer=answer)
-        request = {"model": self.judge.model, "messages": [{"role": "user", "content": text}], "temperature": 0,
-                   "max_tokens": self.judge.max_tokens}
-        response = endpoint_call(self.judge.endpoint, self.client, self.judge.model,
-                                 lambda: self.client.chat.completions.create(**request))
-        reply = response.choices[0].message.content or ""
-        return judge_reward(reply, self.judge)
+        return judge_reward(self.policy.complete(text, SamplingParams(self.judge.max_tokens)), self.judge)
 
 
 def judge_reward(reply: str, judge: JudgeScoring) -> float | str:

@@ -185,9 +185,10 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
         metrics[checkpoint] = {}
         for env_id in stage.envs:
             began = time.monotonic()
-            env = envs[env_id] if env_id in envs else envs.setdefault(env_id, ctx.env(env_id, tokenizer))
-            env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, env, stage, checkpoint,
-                                                                    ctx.device)
+            if env_id not in envs:
+                envs[env_id] = ctx.env(env_id, tokenizer)
+            env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, envs[env_id], stage,
+                                                                    checkpoint, ctx.device)
             rows += env_rows
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
