@@ -122,15 +122,12 @@ def next_tokens(logits, params: SamplingParams, uniforms=None):
         logprobs, tokens = torch.log_softmax(logits.float(), dim=-1).max(dim=-1)  # the first maximum, as argmax
         return tokens, logprobs
     logprobs = torch.log_softmax(logits.float() / params.temperature, dim=-1)
-    filtered = logprobs.clone() if params.top_k > 0 or params.top_p < 1.0 else logprobs
+    filtered = logprobs.clone() if params.top_k > 0 else logprobs  # top-k cuts in place
     if params.top_k > 0:
         kth = torch.topk(filtered, min(params.top_k, filtered.size(-1)), dim=-1).values[:, -1:]
         filtered[filtered < kth] = -float("inf")
     if params.top_p < 1.0:
-        sorted_lp, order = filtered.sort(dim=-1, descending=True)
-        probs = sorted_lp.exp()
-        outside = probs.cumsum(-1) - probs > params.top_p  # tokens after the nucleus is full
-        filtered.scatter_(-1, order, sorted_lp.masked_fill(outside, -float("inf")))
+        filtered = nucleus(filtered, params.top_p)
     # inverse-CDF sampling, every row's search at once (a torch.multinomial call per row cost ~30 µs), on
     # the logits' device: only the rows' draws go there, nothing vocabulary-sized comes back to the host
     cdf = torch.softmax(filtered, dim=-1).double().cumsum(-1)
@@ -138,6 +135,32 @@ def next_tokens(logits, params: SamplingParams, uniforms=None):
     # `right`: the first token whose cumulative mass exceeds the draw, never a token of zero mass
     tokens = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+NUCLEUS_CANDIDATES = 64  # the likeliest tokens ranked first: a nucleus that closes among them needs no full sort
+
+
+def nucleus(logprobs, top_p: float):
+    """`logprobs` [rows, vocab] with every token outside its row's nucleus at -inf: a token stays when
+    the probability of the tokens ranked above it is at most `top_p` (so the likeliest always stays).
+
+    The ranking is a top-k of NUCLEUS_CANDIDATES first: sorting a whole vocabulary every decode step
+    cost more than the step's matmuls, and a nucleus almost always closes within the first few dozen
+    tokens. Where a row's does not, the whole vocabulary is sorted. Both give the same tokens (the
+    cumulative sums are the same prefix; only the order of exactly tied log-probs may differ)."""
+    import torch
+
+    candidates = min(NUCLEUS_CANDIDATES, logprobs.size(-1))
+    ranked, order = logprobs.topk(candidates, dim=-1)  # sorted, likeliest first
+    probs = ranked.exp()
+    mass = probs.cumsum(-1)
+    if candidates < logprobs.size(-1) and not bool((mass[:, -1] > top_p).all()):
+        ranked, order = logprobs.sort(dim=-1, descending=True)
+        probs = ranked.exp()
+        mass = probs.cumsum(-1)
+    outside = mass - probs > top_p  # ranked after the nucleus is full
+    kept = torch.full_like(logprobs, -float("inf"))
+    return kept.scatter_(-1, order, ranked.masked_fill(outside, -float("inf")))
 
 
 def row_uniforms(row_seeds: list[int], steps: int):

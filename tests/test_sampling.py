@@ -128,6 +128,29 @@ def test_sampled_tokens_follow_the_distribution_and_never_take_a_token_of_zero_m
     assert (top_2[0, [1, 2, 4]] == 0).all() and (top_2[1, [0, 3, 4]] == 0).all()
 
 
+def full_sort_nucleus(logprobs, top_p: float):
+    """The nucleus by its definition: the whole vocabulary sorted, a token kept while the mass ranked
+    above it is at most top_p."""
+    ranked, order = logprobs.sort(dim=-1, descending=True)
+    probs = ranked.exp()
+    outside = probs.cumsum(-1) - probs > top_p
+    return torch.full_like(logprobs, -float("inf")).scatter_(-1, order, ranked.masked_fill(outside, -float("inf")))
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.5])  # peaked: closes among the candidates; flat: the full sort
+def test_top_p_keeps_the_nucleus_of_a_full_sort_whether_or_not_it_closes_among_the_top_candidates(scale):
+    from models.sampling import NUCLEUS_CANDIDATES, nucleus
+
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.log_softmax(torch.randn(16, 2048, generator=generator) * scale, -1)
+    closes_early = bool((logprobs.topk(NUCLEUS_CANDIDATES).values.exp().sum(-1) > 0.9).all())
+    assert closes_early == (scale > 1)
+    for top_p in (0.5, 0.9, 0.99):
+        kept = nucleus(logprobs, top_p)
+        assert torch.equal(kept, full_sort_nucleus(logprobs, top_p))
+        assert bool((kept.max(-1).values == logprobs.max(-1).values).all())  # the likeliest always stays
+
+
 def test_sampling_copies_nothing_vocabulary_sized_to_the_host(model_and_tokenizer, monkeypatch):
     """On a GPU the sampler's per-step work stays on the device: of each step only the rows' tokens,
     log-probs and draws cross to the host, never a [rows, vocab] tensor (a float64 CDF was ~78 MB a
