@@ -153,7 +153,8 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
 def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None = None,
              envs: list[str] | None = None, n: int | None = None, max_new_tokens: int | None = None,
              event_id: str | None = None):
-    """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics}.
+    """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics,
+    compute_seconds (the evaluate stage's own time, in the run that made the results)}.
 
     `storage_options` may come as JSON text (how a trigger's template renders the event's dict).
     A run of a deployment opens only a store POSTTRAIN_ALLOWED_STORES allows where it runs
@@ -191,4 +192,5 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     publish_leaderboard(artifact_store, plan.spec.name)
     publish_stage_curves(artifact_store, plan.spec.name, checkpoint_ref)
     return {"checkpoint": checkpoint_ref, "state": "cached" if cached else "completed",
-            "results": result["outputs"]["results"], "report": result["outputs"]["report"], "metrics": metrics}
+            "results": result["outputs"]["results"], "report": result["outputs"]["report"], "metrics": metrics,
+            "compute_seconds": result["compute_seconds"]}

@@ -131,7 +131,10 @@ def _chunk_logps(head, hidden, targets, temperature: float, with_entropy: bool):
     """One log-softmax serves both: log p(target) and, detached, the entropy −Σ p·log p."""
     import torch
 
-    log_probs = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    logits = head(hidden).float()
+    if temperature != 1.0:  # at 1 a division of every logit, and its backward, for nothing
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
     chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:
         return chosen, None

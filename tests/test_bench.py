@@ -66,6 +66,22 @@ def test_overhead_writes_a_well_formed_result(tmp_path, shared_prefect_api):
                                                                                               abs=0.05)
 
 
+def test_overhead_counts_inline_evaluations_as_compute_not_overhead():
+    from bench.overhead import timing
+
+    summary = {"seconds": 90.0,
+               "stages": [{"id": "sft", "seconds": 52.0, "compute_seconds": 50.0, "outputs": {"checkpoint": "t/sft@1"}},
+                          {"id": "rl", "seconds": 23.0, "compute_seconds": 20.0, "outputs": {"checkpoint": "t/rl@2"}}],
+               "evaluations": [{"checkpoint": "t/rl.step-5@3", "state": "completed", "compute_seconds": 6.0},
+                               {"checkpoint": "t/rl@2", "state": "completed", "compute_seconds": 6.0}]}
+    result = timing(100.0, summary)
+    assert result["compute_seconds"] == 82.0 and result["overhead_percent"] == 18.0
+    assert result["evaluations_compute_seconds"] == {"t/rl.step-5@3": 6.0, "t/rl@2": 6.0}
+    assert result["stages"]["rl"]["outputs"] == {"checkpoint": "t/rl@2"}
+    # 10 s around the flow, 5 s around the stages' functions, 3 s of the flow's own (evaluation flows included)
+    assert result["parts_seconds"] == {"fixed": 10.0, "per_stage": 5.0, "flow_between_stages": 3.0}
+
+
 def test_contracts_bench_writes_a_well_formed_result(tmp_path):
     from bench import contracts
 

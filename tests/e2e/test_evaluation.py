@@ -45,6 +45,7 @@ def test_ephemeral_mode_evaluates_each_new_checkpoint_inline_and_says_so(evaluat
     for evaluation in run_summary["evaluations"]:
         assert evaluation["state"] == "completed" and set(evaluation["metrics"]) == {"arith"}
         assert evaluation["metrics"]["arith"]["n"] == 8
+        assert evaluation["compute_seconds"] > 0  # the evaluate stage's own time (bench/overhead.py counts it)
         results = artifact_store.manifest(evaluation["results"])
         assert results["name"] == evaluation["checkpoint"].split("@")[0] + ".eval"
         assert evaluation["checkpoint"] in results["inputs"].values()  # lineage: results <- checkpoint
