@@ -38,7 +38,9 @@ def upstream(spec: dict, store: str | None) -> tuple[dict, dict, str, dict]:
     rl = next(s for s in spec["stages"] if s["kind"] == "rl")
     evaluate = next(s for s in spec["stages"] if s["kind"] == "evaluate")
     before = spec["stages"][:spec["stages"].index(rl)]
-    summary = run_spec({**spec, "stages": before}, store)
+    # without the rl stage, an `evaluation:` naming it would not validate; the bench evaluates its own runs
+    upstream_spec = {key: value for key, value in spec.items() if key != "evaluation"}
+    summary = run_spec({**upstream_spec, "stages": before}, store)
     stage = next(s for s in summary["stages"] if s["id"] == rl["policy"])
     return rl, evaluate, stage["outputs"]["checkpoint"], spec
 

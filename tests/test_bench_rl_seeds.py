@@ -43,6 +43,7 @@ def test_rl_async_writes_both_sides_and_the_staleness(tmp_path, shared_prefect_a
     spec = tiny_spec(f"file://{tmp_path / 'store'}")
     spec["stages"].insert(2, {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 3,
                               "prompts_per_step": 2, "group_size": 2, "max_tokens": 8})
+    spec["evaluation"] = {"on_new_checkpoint": True, "stages": ["rl"]}  # as the quickstart's: names the rl stage
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "rl_async.json"
