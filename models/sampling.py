@@ -150,17 +150,22 @@ def nucleus(logprobs, top_p: float):
     cumulative sums are the same prefix; only the order of exactly tied log-probs may differ)."""
     import torch
 
-    candidates = min(NUCLEUS_CANDIDATES, logprobs.size(-1))
-    ranked, order = logprobs.topk(candidates, dim=-1)  # sorted, likeliest first
-    probs = ranked.exp()
-    mass = probs.cumsum(-1)
-    if candidates < logprobs.size(-1) and not bool((mass[:, -1] > top_p).all()):
-        ranked, order = logprobs.sort(dim=-1, descending=True)
-        probs = ranked.exp()
-        mass = probs.cumsum(-1)
+    vocabulary = logprobs.size(-1)
+    ranked, order, probs, mass = _ranked(logprobs, min(NUCLEUS_CANDIDATES, vocabulary))
+    if ranked.size(-1) < vocabulary and not bool((mass[:, -1] > top_p).all()):
+        ranked, order, probs, mass = _ranked(logprobs, vocabulary)
     outside = mass - probs > top_p  # ranked after the nucleus is full
     kept = torch.full_like(logprobs, -float("inf"))
     return kept.scatter_(-1, order, ranked.masked_fill(outside, -float("inf")))
+
+
+def _ranked(logprobs, count: int):
+    """Each row's `count` likeliest tokens, likeliest first: (log-probs, token ids, probabilities,
+    cumulative probabilities)."""
+    ranked, order = logprobs.topk(count, dim=-1) if count < logprobs.size(-1) else \
+        logprobs.sort(dim=-1, descending=True)
+    probs = ranked.exp()
+    return ranked, order, probs, probs.cumsum(-1)
 
 
 def row_uniforms(row_seeds: list[int], steps: int):
