@@ -125,8 +125,8 @@ def parameter_count(model) -> int:
 # ---- training benches (ours vs a TRL trainer) -------------------------------------------------
 
 TRAIN_WARMUP_STEPS = 3  # untimed on both sides: first-call allocations and kernel selection
-GRAD_CLIP = 1.0  # what tasks/common/training.py clips to
-MIN_LR_RATE = 0.1  # tasks/common/training.py's cosine decays to 10% of the peak
+GRAD_CLIP = 1.0  # what tasks/train/loop.py clips to
+MIN_LR_RATE = 0.1  # tasks/train/loop.py's cosine decays to 10% of the peak
 TRAIN_METRIC, TRAIN_UNIT = "train tokens/s", "tokens/s"
 
 

@@ -34,8 +34,8 @@ from models.losses import IGNORE_INDEX  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from models.sampling import chat_prompt  # noqa: E402
 from tasks.common.encoding import Example, encode_ids  # noqa: E402
-from tasks.common.learner import Learner  # noqa: E402
-from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.train.learner import Learner  # noqa: E402
+from tasks.train.loop import batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.preference import PreferenceStage, reference_logps, side_logps, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
@@ -167,11 +167,11 @@ def ours(model_dir, tokenizer, pairs: Pairs, plan, cumulative, settings: Setting
         final_loss=last_batch_loss(accelerator.unwrap_model(model), pairs, plan[-1], ref_chosen, ref_rejected,
                                    settings, pad),
         torch_threads=torch.get_num_threads(),
-        details={"loop": "tasks.stages.preference: reference_logps (untimed), train_step; tasks.common.training: "
+        details={"loop": "tasks.stages.preference: reference_logps (untimed), train_step; tasks.train.loop: "
                          "batch_indices, make_optimizer",
                  "reference": "precomputed log-probs of the initial model",
                  "forward": "a micro-batch's chosen and rejected sequences together, in length buckets "
-                            "(tasks.common.training.length_buckets)",
+                            "(tasks.train.loop.length_buckets)",
                  "model_parameters": parameter_count(model)},
     ), (ref_chosen, ref_rejected)
 
@@ -254,7 +254,7 @@ def measure(model_dir, tokenizer, settings: Settings, shape: str, runs: int) -> 
     data = {"env": "arith", "pairs": len(pairs.chosen), "shape": shape,
             "mean_chosen_tokens": round(sum(map(_completion_len, pairs.chosen)) / len(pairs.chosen), 1),
             "mean_rejected_tokens": round(sum(map(_completion_len, pairs.rejected)) / len(pairs.rejected), 1),
-            "order": "tasks.common.training.batch_indices, identical batches on both sides"}
+            "order": "tasks.train.loop.batch_indices, identical batches on both sides"}
     return ours_speed, peer_speed, {"data": data, **measured}
 
 

@@ -219,7 +219,7 @@ def peer_args(settings: Settings, output_dir: str, decoding: str = "dynamic") ->
         loss_type="dapo", epsilon=settings.epsilon_low, epsilon_high=settings.epsilon_high, beta=0.0,
         scale_rewards="group", mask_truncated_completions=False,
         learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0,  # what tasks/common/training.py clips to
+        max_grad_norm=1.0,  # what tasks/train/loop.py clips to
         use_vllm=False, bf16=False, fp16=False,  # TRL's bf16 default is ~10x slower on this CPU
         gradient_checkpointing=False, activation_checkpointing=False,  # TRL's default True recomputes activations
         model_init_kwargs={"dtype": "float32"},

@@ -138,9 +138,9 @@ def random_ids(generator, vocab: int, n: int) -> list[int]:
 
 
 def prepared(model, stage):
-    """As tasks.common.training.start_training: checkpointing, AdamW + schedule, accelerate on the CPU."""
-    from tasks.common.learner import Learner
-    from tasks.common.training import make_accelerator, make_optimizer
+    """As tasks.train.loop.start_training: checkpointing, AdamW + schedule, accelerate on the CPU."""
+    from tasks.train.learner import Learner
+    from tasks.train.loop import make_accelerator, make_optimizer
 
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = make_optimizer(model, stage, 1)
@@ -197,11 +197,11 @@ def run_row(name: str, row: str, settings: dict) -> dict:
         seconds = time.perf_counter() - began
         out["loss"] = metrics["loss"]
     elif row == "rl":
-        from tasks.common.rollouts import Trajectory, TurnRecord
-        from tasks.common.training import Training
-        from tasks.stages.rl.update import train_step
+        from tasks.rollout.episodes import Trajectory, TurnRecord
         from tasks.stages.rl import RlStage
         from tasks.stages.rl.scoring import Scored
+        from tasks.stages.rl.update import train_step
+        from tasks.train.loop import Training
 
         stage = RlStage(kind="rl", id="r", policy="s", envs={"e": 1.0}, steps=1, prompts_per_step=1,
                         group_size=rows, max_tokens=completion_len, temperature=1.0, loss_aggregation="dapo",
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "dtype": "float32 weights, random (from_config, seed 0), no autocast",
                 "token_ids": "uniform random over the whole vocabulary",
                 "training": "one optimizer step, micro_batch_size 1, gradient checkpointing (non-reentrant), "
-                            "AdamW over the LoRA parameters (tasks.common.training.make_optimizer), "
+                            "AdamW over the LoRA parameters (tasks.train.loop.make_optimizer), "
                             "accelerate on the CPU, grad clip 1.0",
                 "sft": "tasks.stages.sft.train_step, rows examples of prompt (labels -100) + completion",
                 "preference": "tasks.stages.preference.train_step, dpo beta 0.1, rows pairs (chosen and rejected "

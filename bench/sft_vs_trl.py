@@ -31,8 +31,8 @@ from models.config import ModelConfig  # noqa: E402
 from models.losses import completion_nll  # noqa: E402
 from models.presets import materialize  # noqa: E402
 from tasks.common.encoding import Example, collate, encode_example  # noqa: E402
-from tasks.common.learner import Learner  # noqa: E402
-from tasks.common.training import batch_indices, make_optimizer  # noqa: E402
+from tasks.train.learner import Learner  # noqa: E402
+from tasks.train.loop import batch_indices, make_optimizer  # noqa: E402
 from tasks.stages.sft import SftStage, train_step  # noqa: E402
 
 MODEL_PRESET = "tiny-llama"
@@ -115,10 +115,10 @@ def ours(model_dir: Path, tokenizer, examples: list[Example], settings: Settings
         final_loss=last_batch_loss(accelerator.unwrap_model(model), examples, final_indices, tokenizer.pad_token_id),
         torch_threads=torch.get_num_threads(),
         details={"loop": "tasks.common.encoding: encode_example; tasks.stages.sft: train_step; "
-                           "tasks.common.training: batch_indices, make_optimizer",
+                           "tasks.train.loop: batch_indices, make_optimizer",
                  "optimizer": f"torch.optim.AdamW(lr={settings.learning_rate}, "
                               f"weight_decay={settings.weight_decay}), torch's default implementation",
-                 "scheduler": "LambdaLR(tasks.common.training.lr_factor): linear warm-up, cosine to 10% of peak",
+                 "scheduler": "LambdaLR(tasks.train.loop.lr_factor): linear warm-up, cosine to 10% of peak",
                  "grad_clip": GRAD_CLIP, "accelerate": True, "last_step_loss": round(losses[-1], 5),
                  "model_parameters": parameter_count(model)},
     )
@@ -221,7 +221,7 @@ def run(settings: Settings, runs: int, quiet: dict) -> dict:
         "dtype": "float32",
         "data": {"env": "arith", "split": "train", "examples": len(examples),
                  "truncated_examples": sum(e.truncated for e in examples),
-                 "order": "tasks.common.training.batch_indices, identical batches on both sides"},
+                 "order": "tasks.train.loop.batch_indices, identical batches on both sides"},
         "settings": asdict(settings),
         "untimed_warmup_steps": TRAIN_WARMUP_STEPS,
         "timed_steps": settings.steps - TRAIN_WARMUP_STEPS,

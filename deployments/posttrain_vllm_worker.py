@@ -7,7 +7,7 @@ Put this file on the vLLM server's PYTHONPATH and start it with its development 
 
 vLLM mixes this class into every worker; the rl stage then calls, for each new version,
 /pause?mode=wait, /collective_rpc {"method": "posttrain_load_weights", "args": [FOLDER]},
-/reset_prefix_cache and /resume (tasks/stages/rl/weight_sync.py). FOLDER is what the stage saved
+/reset_prefix_cache and /resume (tasks/rollout/weight_sync.py). FOLDER is what the stage saved
 with `save_pretrained`: safetensors files in the checkpoint's own tensor names, which the model's
 `load_weights` maps onto vLLM's (fused, sharded) parameters. Only the standard library, torch and
 safetensors are imported: nothing of posttrain needs installing beside vLLM. The folder must be one

@@ -183,7 +183,7 @@ class Environment(Protocol):
     def start(self, task: Task, llm: SubPolicy | None = None) -> Episode:
         """A fresh episode of `task`; `llm` answers the episode's own model calls, if it makes any
         (in `step`, never here). The rollout loop starts a few episodes at once, and finishes them
-        so, on threads of its own (tasks/common/rollouts.py): both must be safe to call concurrently."""
+        so, on threads of its own (tasks/rollout/episodes.py): both must be safe to call concurrently."""
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split ('train' or 'eval'); the splits never share a task."""

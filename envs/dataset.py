@@ -60,7 +60,7 @@ class RewardConfig(BaseModel):
 
 class RewardModelReward(BaseModel):
     """A reward model trained by a `reward_model` stage scores each completion with its prompt
-    (tasks/common/learned_rewards.py): `sigmoid` puts its score in (0, 1) like a rubric's terms,
+    (tasks/rollout/learned_rewards.py): `sigmoid` puts its score in (0, 1) like a rubric's terms,
     `logit` keeps the raw score (TRL's GRPOTrainer uses it raw)."""
 
     model_config = ConfigDict(extra="forbid")

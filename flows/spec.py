@@ -18,9 +18,9 @@ from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
-from tasks.common.trackers import missing_package
 from tasks.config import Defaults, EvaluationSettings, FieldError, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
+from tasks.train.trackers import missing_package
 
 
 class SpecError(Exception):

@@ -6,6 +6,8 @@ Shapes: B completions, T completion positions; `mask` [B, T] is 1 on the tokens 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 ADVANTAGE_EPS = 1e-4  # as TRL
 
 
@@ -246,3 +248,31 @@ def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low: float, epsilon
         loss = (per_token * mask).sum() / denominator
     clip_fraction = (((clipped < unclipped).expand_as(mask) & (mask > 0)).sum() / mask.sum().clamp(min=1)).detach()
     return loss, clip_fraction
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """`grpo_loss` with a stage's settings bound once (clip range, aggregation, KL weight β, ratio
+    level), and the truncated importance weights of rows another engine sampled, capped at
+    `importance_cap` at the same level (`truncated_importance_weights`). The formula: `grpo_loss`."""
+
+    epsilon_low: float
+    epsilon_high: float
+    aggregation: str
+    beta: float = 0.0
+    ratio_level: str = "token"  # sequence: one ratio per row (StepPO's per step, GSPO)
+    importance_cap: float = 2.0
+
+    def __call__(self, logps, old_logps, advantages, mask, *, max_completion_length: int | None = None,
+                 ref_logps=None, denominator: float | None = None, importance_weights=None):
+        return grpo_loss(logps, old_logps, advantages, mask, epsilon_low=self.epsilon_low,
+                         epsilon_high=self.epsilon_high, aggregation=self.aggregation,
+                         max_completion_length=max_completion_length, ref_logps=ref_logps, beta=self.beta,
+                         ratio_level=self.ratio_level, denominator=denominator,
+                         importance_weights=importance_weights)
+
+    def importance_weights(self, old_logps, behaviour_logps, mask):
+        return truncated_importance_weights(old_logps, behaviour_logps, mask, self.importance_cap, self.ratio_level)
+
+    def denominator(self, trained_tokens: list[int], max_completion_length: int) -> float:
+        return loss_denominator(self.aggregation, trained_tokens, max_completion_length)

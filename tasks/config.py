@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from data_contracts.config import ContractConfig
 from models.config import ModelConfig
@@ -21,7 +21,7 @@ from models.config import ModelConfig
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
 
-# the experiment trackers a training stage can report to (tasks/common/trackers.py)
+# the experiment trackers a training stage can report to (tasks/train/trackers.py)
 Tracker = Literal["mlflow", "tensorboard", "wandb"]
 
 
@@ -107,7 +107,8 @@ class StageBase(BaseModel):
     - `produces`: what the spec's graph sees its primary output as (`dataset` of SFT examples,
       `rollouts`, `checkpoint`, `evaluation`), so a `policy:` cannot name a dataset;
     - `preload`: heavy modules its process needs, imported once by the warm fork server;
-    - `runs`: the module holding `run(stage, ctx)`; None means the config class's own module.
+    - `runs`: the module holding `run(stage, ctx)`; None means the config class's own module;
+    - `publishes_weights`: whether it sends the weights it trains to its `rollout:` backend (rl).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -117,6 +118,7 @@ class StageBase(BaseModel):
     produces: ClassVar[str]
     preload: ClassVar[tuple[str, ...]] = ()
     runs: ClassVar[str | None] = None
+    publishes_weights: ClassVar[bool] = False
 
     id: str = StageId
     retries: int | None = Field(None, ge=0)
@@ -124,6 +126,13 @@ class StageBase(BaseModel):
     timeout_seconds: float | None = Field(None, gt=0)
     gpus: int | None = Field(None, ge=0)
     contract: ContractConfig | None = None  # overrides for the data contract of the stage's dataset
+
+    @field_validator("rollout", check_fields=False)
+    @classmethod
+    def _rollout_fits(cls, rollout):
+        """A kind with a `rollout:` field: its backend's fields fit what the kind does with it."""
+        rollout.check_use(publishes=cls.publishes_weights)
+        return rollout
 
     @classmethod
     def kind_name(cls) -> str:
@@ -202,7 +211,7 @@ class EndpointTeacher(Endpoint):
 
 
 class Judge(Endpoint):
-    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/common/judge.py)."""
+    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/rollout/judge.py)."""
 
     max_tokens: int = Field(8, gt=0)
 

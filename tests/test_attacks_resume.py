@@ -9,8 +9,8 @@ import torch
 
 from artifacts.store import Store
 from models.config import ModelConfig
-from tasks.common import checkpointing
 from tasks.common.context import StageContext
+from tasks.train import checkpointing
 
 
 class Payload:

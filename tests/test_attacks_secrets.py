@@ -3,8 +3,8 @@ variable; OPENAI_API_KEY is never sent to whatever URL a spec or an event gives.
 
 import pytest
 
-from tasks.common.endpoint_policy import EndpointPolicy
 from tasks.config import Judge
+from tasks.rollout.endpoint_policy import EndpointPolicy
 
 
 def test_openai_api_key_is_not_sent_to_an_endpoint_that_does_not_name_it(monkeypatch):

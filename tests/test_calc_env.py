@@ -1,5 +1,5 @@
 """The multi-turn `calc` env: its tool, its oracle through the real episode loop, and rollouts
-of the local model through tasks/common/rollouts.py (token in / token out, observations masked)."""
+of the local model through tasks/rollout/episodes.py (token in / token out, observations masked)."""
 
 import pytest
 
@@ -50,7 +50,7 @@ def test_oracle_through_the_rollout_loop_chains_tokens_and_masks_what_the_env_wr
     from models.loading import load_tokenizer
     from models.presets import materialize
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     tokenizer = load_tokenizer(materialize("tiny-llama"))
     tasks = ENV.tasks("train", 4, 0)
@@ -74,7 +74,7 @@ def test_an_episode_that_never_answers_is_cut_at_max_turns():
     from models.loading import load_tokenizer
     from models.presets import materialize
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     tokenizer = load_tokenizer(materialize("tiny-llama"))
     env = CalcEnv(CalcEnvConfig(kind="calc", max_turns=2))

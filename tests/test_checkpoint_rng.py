@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from tasks.common import checkpointing
+from tasks.train import checkpointing
 
 CUDA = torch.cuda.is_available()
 

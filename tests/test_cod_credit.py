@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from models.rl_losses import cod_advantages, cod_returns, cod_slots
-from tasks.stages.rl.batch import cod_kinds, training_rows
-from tasks.common.rollouts import TurnRecord
+from tasks.rollout.episodes import TurnRecord
 from tasks.stages.rl import RlStage
+from tasks.stages.rl.batch import cod_kinds, training_rows
 
 PACK = ["solve", "hint", "solve", "hint", "solve"]  # S = 3: solve 0, hint 0, solve 1, hint 1, solve 2
 # Group of G = 2 rollouts of one pack:

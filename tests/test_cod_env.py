@@ -8,7 +8,7 @@ import pytest
 from envs.base import RESTART_SEPARATOR
 from envs.cod import CodEnv, CodEnvConfig, rule_text, solve_prompt
 from models.sampling import SamplingParams, chat_prompt
-from tasks.common.rollouts import ScriptedPolicy, roll_out
+from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
 ENV = CodEnv(CodEnvConfig(kind="cod"))
 PARAMS = SamplingParams(64)
@@ -128,9 +128,9 @@ def test_splits_hold_different_rules_and_eval_packs_are_longer():
 
 
 def test_scored_packs_are_paid_per_solve_and_credited_per_slot(tokenizer):
+    from tasks.stages.rl import RlStage
     from tasks.stages.rl.batch import training_rows
     from tasks.stages.rl.metrics import batch_metrics
-    from tasks.stages.rl import RlStage
     from tasks.stages.rl.scoring import score_trajectory
 
     stage = RlStage(kind="rl", id="rl", policy="sft", envs={"cod": 1.0}, steps=1, algorithm="steppo", credit="cod")

@@ -1,7 +1,7 @@
 import json
 import math
 
-from tasks.common.curves import metric_series, report_markdown, write_training_report
+from tasks.train.curves import metric_series, report_markdown, write_training_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

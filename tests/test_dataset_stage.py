@@ -15,9 +15,9 @@ from tasks.common import contract_gate
 from tasks.common.context import StageContext
 from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import read_frame
-from tasks.common.training import batch_indices, mixed_batch_indices
 from tasks.runtime.child import install_code
 from tasks.stages.dataset import DatasetStage, run
+from tasks.train.loop import batch_indices, mixed_batch_indices
 
 GOOD = {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]}
 BAD = {"messages": [{"role": "user", "content": "What is 2+2?"}]}  # no answer to train on

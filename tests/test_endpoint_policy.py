@@ -7,8 +7,8 @@ from conftest import free_port
 from test_serve_model import ARITH, CALC, NAME, local_model
 
 from models.sampling import SamplingParams
-from tasks.common.endpoint_policy import EndpointError, EndpointPolicy
-from tasks.common.rollouts import Context, LocalPolicy, roll_out
+from tasks.rollout.endpoint_policy import EndpointError, EndpointPolicy
+from tasks.rollout.episodes import Context, LocalPolicy, roll_out
 
 
 def test_multi_turn_episodes_through_the_endpoint_equal_the_local_ones(base_url):

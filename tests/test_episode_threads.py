@@ -1,4 +1,4 @@
-"""roll_out starts and finishes episodes a few at once (tasks/common/rollouts.py): the episodes
+"""roll_out starts and finishes episodes a few at once (tasks/rollout/episodes.py): the episodes
 are the same as one at a time, and when a start or a finish fails, every other episode is still
 finished (a sandbox is never left behind) and the failure reaches the caller."""
 
@@ -11,7 +11,7 @@ from envs.calc import CalcEnv, CalcEnvConfig
 from models.loading import load_tokenizer
 from models.presets import materialize
 from models.sampling import SamplingParams
-from tasks.common.rollouts import EPISODE_THREADS, ScriptedPolicy, roll_out
+from tasks.rollout.episodes import EPISODE_THREADS, ScriptedPolicy, roll_out
 
 
 class SlowCalc(CalcEnv):
@@ -95,7 +95,7 @@ def test_sandboxes_started_from_several_threads_all_start():
     from concurrent.futures import ThreadPoolExecutor
 
     from envs.terminal import TerminalEnv, TerminalEnvConfig
-    from tasks.common.rollouts import finish_episodes, start_episodes
+    from tasks.rollout.episodes import finish_episodes, start_episodes
 
     env = TerminalEnv(TerminalEnvConfig(kind="terminal", generated={"train": 20, "eval": 1}))
     tasks = env.tasks("train", 200, 0)

@@ -26,7 +26,7 @@ def learner(model, micro_batch_size=MICRO):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    from tasks.common.learner import Learner
+    from tasks.train.learner import Learner
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -51,7 +51,7 @@ def sharded(model):
 
 def rl_groups():
     """One scored group of 5 ragged rows: 3 and 2 per process."""
-    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.rollout.episodes import Trajectory, TurnRecord
     from tasks.stages.rl.scoring import Scored
 
     group = []
@@ -105,8 +105,8 @@ def decode_uneven(model, rank: int) -> list[list[int]]:
     """Greedy completions of 1 + 2 * rank prompts inside full_weights: no collective per step."""
     from models.loading import load_tokenizer
     from models.sampling import SamplingParams, chat_prompt
-    from tasks.common.rollouts import LocalPolicy
-    from tasks.common.sharding import full_weights
+    from tasks.rollout.episodes import LocalPolicy
+    from tasks.train.sharding import full_weights
 
     tokenizer = load_tokenizer(materialize("tiny-llama"))
     prompts = [chat_prompt(tokenizer, f"What is {a} + 2?") for a in range(1 + 2 * rank)]
@@ -155,7 +155,7 @@ def test_fsdp_steps_with_uneven_data_finish_and_train_as_one_process(tmp_path):
 
 
 def adam_learner(model):
-    from tasks.common.learner import Learner
+    from tasks.train.learner import Learner
 
     step_learner = learner(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -178,7 +178,7 @@ def resume_worker(rank: int, port: int, out_dir: str) -> None:
 
     from safetensors.torch import save_file
 
-    from tasks.common.checkpointing import load_state, placed, rank_state, set_rng_state
+    from tasks.train.checkpointing import load_state, placed, rank_state, set_rng_state
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", HF_HUB_OFFLINE="1")

@@ -76,7 +76,7 @@ def test_variants_are_the_same_on_every_call():
 
 @pytest.mark.parametrize("kind", ENVS)
 def test_every_family_passes_with_its_oracle_and_fails_with_a_no_op(kind, tokenizer):
-    from tasks.common.env_check import check_env
+    from tasks.rollout.env_check import check_env
 
     env, families = ENVS[kind]
     sample = [task for family in families for split in ("train", "eval")

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from tasks.common.judge import judge_metrics, verdict
 from tasks.config import Judge
+from tasks.rollout.judge import judge_metrics, verdict
 from tasks.stages.evaluate import EvaluateStage
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
@@ -30,7 +30,7 @@ def test_an_evaluation_graded_by_a_judge_endpoint(judge_url):
     from models.config import ModelConfig
     from models.loading import load_model, load_tokenizer
     from models.presets import materialize
-    from tasks.common.rollouts import LocalPolicy
+    from tasks.rollout.episodes import LocalPolicy
     from tasks.stages.evaluate import evaluate_policy
 
     policy_model = load_model(materialize("tiny-llama"), ModelConfig()).eval()
@@ -49,8 +49,8 @@ def test_an_unreachable_judge_is_one_line():
 
     from models.loading import load_tokenizer
     from models.presets import materialize
-    from tasks.common.endpoint_policy import EndpointError
-    from tasks.common.judge import judge_rows
+    from tasks.rollout.endpoint_policy import EndpointError
+    from tasks.rollout.judge import judge_rows
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EndpointError) as error:

@@ -11,8 +11,8 @@ import pytest
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.base import Task
 from envs.dataset import DatasetEnv, DatasetEnvConfig, JudgeScoring
-from tasks.common.judge import JUDGE_PROMPT
-from tasks.common.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers, judge_reward
+from tasks.rollout.judge import JUDGE_PROMPT
+from tasks.rollout.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers, judge_reward
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
 
@@ -162,7 +162,7 @@ def test_reward_hacking_of_a_reward_model_does_not_win_under_the_shipped_shaping
     from models.config import ModelConfig
     from models.loading import load_tokenizer
     from models.presets import materialize
-    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.rollout.episodes import Trajectory, TurnRecord
     from tasks.stages.rl.scoring import score_trajectory
 
     spec, _ = load_spec(ROOT / "pipelines" / "learned-rewards.yaml")
@@ -194,7 +194,7 @@ def test_generate_picks_preference_pairs_by_a_reward_models_score():
     preference pair of a prompt is its best and worst by that score."""
     from models.config import ModelConfig
     from tasks.common.pairs import preference_pairs
-    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.rollout.episodes import Trajectory, TurnRecord
     from tasks.stages.generate import GenerateStage, rollout_rows
 
     env = sums_env([{"function": "posttrain.rewards:answer_format", "weight": 0.0}, {"reward_model": "rm"}])

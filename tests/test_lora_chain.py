@@ -48,7 +48,7 @@ def test_a_reward_model_trains_on_from_a_policys_lora_adapter_and_loads_back(lor
     from peft.utils import load_peft_weights
 
     from models.loading import load_model, load_tokenizer
-    from tasks.common.reward_models import reward_examples, scores_in_batches
+    from tasks.rollout.reward_models import reward_examples, scores_in_batches
 
     folder, config = lora_policy
     reward_model = load_model(folder, config, trainable=True, reward_head=True)

@@ -12,7 +12,7 @@ from models.presets import materialize
 from models.rl_losses import grpo_loss, loss_denominator
 from tasks.common.encoding import Example, collate
 from tasks.stages.rl.batch import Row, completion_logps, padded_rows
-from tasks.common.learner import Learner
+from tasks.train.learner import Learner
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +172,8 @@ def fresh_accelerate_state():
 def test_bf16_autocast_trains_on_the_cpu_and_fp16_is_refused(tiny, fresh_accelerate_state):
     from accelerate.state import AcceleratorState
 
-    from tasks.common.training import make_accelerator
     from tasks.stages.sft import SftStage, train_step
+    from tasks.train.loop import make_accelerator
 
     model, tokenizer = tiny
     bf16 = SftStage(kind="sft", id="s", data="d", mixed_precision="bf16")
@@ -192,7 +192,7 @@ def test_bf16_autocast_trains_on_the_cpu_and_fp16_is_refused(tiny, fresh_acceler
 
 
 def test_length_buckets_split_stragglers_and_keep_every_row_once():
-    from tasks.common.learner import length_buckets
+    from tasks.train.learner import length_buckets
 
     widths = [(18, 38)] * 40 + [(18, 64)] * 8 + [(30, 38)] * 2
     buckets = length_buckets(widths)

@@ -6,7 +6,7 @@ from models.losses import IGNORE_INDEX
 from models.presets import materialize
 from models.sampling import SamplingParams
 from tasks.common.encoding import encode_row
-from tasks.common.rollouts import ScriptedPolicy, roll_out
+from tasks.rollout.episodes import ScriptedPolicy, roll_out
 from tasks.stages.preference import encode_pairs, preference_pairs
 from tasks.stages.synthesize import multi_turn_rows, segments
 
@@ -62,7 +62,7 @@ def test_preference_pairs_of_episodes_score_the_policy_tokens_only():
 def test_generate_writes_whole_episodes_with_complementary_masks():
     from models.config import ModelConfig
     from models.loading import load_model
-    from tasks.common.rollouts import LocalPolicy
+    from tasks.rollout.episodes import LocalPolicy
     from tasks.stages.generate import GenerateStage, episode_groups, rollout_rows
 
     model = LocalPolicy(load_model(materialize("tiny-llama"), ModelConfig()), TOKENIZER)

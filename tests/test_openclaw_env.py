@@ -30,7 +30,7 @@ def tokenizer():
 
 def test_every_task_oracle_scores_full_reward_and_a_no_op_scores_zero(tokenizer):
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     tasks = ENV.all_tasks()
     assert len(tasks) >= 15 and {t.info["category"] for t in tasks} >= {"files", "config", "memory", "web", "skills"}

@@ -147,10 +147,10 @@ def test_stage_with_lora_trains_an_adapter_against_the_input_checkpoint(tmp_path
 
 def test_rollouts_without_a_single_pair_fail_the_stage_without_retries(tmp_path):
     from models.config import ModelConfig
-    from tasks.common.contract_gate import ContractViolation
+    from tasks.common.errors import NoTrainingData
     from tasks.stages.preference import run
 
     ctx = stage_context(tmp_path, [0.2, 0.2], ModelConfig())
-    with pytest.raises(ContractViolation, match=r"no preference pairs in t/onpolicy@[0-9a-f]{16}: all 3 prompt "
+    with pytest.raises(NoTrainingData, match=r"no preference pairs in t/onpolicy@[0-9a-f]{16}: all 3 prompt "
                                                 r"groups tied or unscored"):
         run(align_stage(), ctx)

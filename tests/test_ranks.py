@@ -30,7 +30,7 @@ def workloads(out_dir: str) -> dict:
     from models.presets import materialize
     from tasks.common.context import StageContext
     from tasks.common.datasets import read_rows
-    from tasks.common.rollouts import LocalPolicy
+    from tasks.rollout.episodes import LocalPolicy
     from tasks.stages.evaluate import EvaluateStage, evaluate_policy
     from tasks.stages.generate import GenerateStage
     from tasks.stages.generate import run as generate

@@ -15,15 +15,14 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.runtime import flow_run
 
 from artifacts.store import Store
-from flows.report_artifacts import (publish_reports, report_artifact_markdown, report_refs,
-                                    rewrite_relative_links)
+from flows.report_artifacts import publish_reports, report_artifact_markdown, report_refs, rewrite_relative_links
 from tasks.common.context import StageContext
-from tasks.common.curves import write_training_report
 from tasks.common.eval_report import write_eval_report
 from tasks.common.report_images import MAX_IMAGE_BYTES, inline_images, report_key, unlink_relative
-from tasks.common.training import Training
 from tasks.runtime.live import LiveReport
 from tasks.runtime.runner import ChildMessages
+from tasks.train.curves import write_training_report
+from tasks.train.loop import Training
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DATA_IMAGE = re.compile(r"!\[(\w+)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
@@ -214,7 +213,7 @@ def test_an_in_stage_checkpoint_sends_the_curves_so_far_and_the_runner_publishes
 def test_a_report_that_cannot_be_drawn_or_published_never_fails_the_stage(tmp_path, monkeypatch):
     import prefect.artifacts
 
-    import tasks.common.curves
+    import tasks.train.curves
 
     ctx = StageContext(store=None, pipeline="demo", run_id="r", stage_id="sft", cache_key="0" * 32, model=None,
                        envs={}, inputs={}, workdir=tmp_path, announce_path=tmp_path / "messages.jsonl")
@@ -222,7 +221,7 @@ def test_a_report_that_cannot_be_drawn_or_published_never_fails_the_stage(tmp_pa
     def broken(*args, **kwargs):
         raise RuntimeError("no display today")
 
-    monkeypatch.setattr(tasks.common.curves, "report_so_far", broken)
+    monkeypatch.setattr(tasks.train.curves, "report_so_far", broken)
     Training._show_report(SimpleNamespace(ctx=ctx, history=[], steps=4), 2, "demo/sft.step-2@" + "d" * 16)
     [message] = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
     assert message == {"log": "[sft] report at step 2 not shown: RuntimeError: no display today", "level": "WARNING"}

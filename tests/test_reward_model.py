@@ -68,7 +68,7 @@ def test_reward_model_pairs_and_loss_match_trls_reward_trainer(reward_model_and_
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
     from tasks.common.encoding import preference_examples
-    from tasks.common.reward_models import reward_scores
+    from tasks.rollout.reward_models import reward_scores
 
     model, tokenizer = reward_model_and_tokenizer
     rows = preference_rows(6)
@@ -92,7 +92,6 @@ def test_reward_model_stage_learns_the_pairs_and_reports_held_out_accuracy(tmp_p
     held-out pairwise accuracy is reported; an in-stage checkpoint is committed as a reward model too."""
     from artifacts.store import Store
     from models.config import ModelConfig
-    from models.presets import materialize
     from tasks.common.context import StageContext
     from tasks.common.datasets import write_rows
     from tasks.stages.reward_model import RewardModelStage, run

@@ -6,8 +6,8 @@ import pytest
 
 from envs.arith import ArithEnv, ArithEnvConfig
 from envs.doom import repetition_excess
-from tasks.common.rollouts import Trajectory, TurnRecord
 from tasks.config import AntiDoom
+from tasks.rollout.episodes import Trajectory, TurnRecord
 from tasks.stages.rl import RlStage
 from tasks.stages.rl.scoring import anti_doom_rubric, score_trajectory
 from tasks.stages.rl.stage import step_tasks

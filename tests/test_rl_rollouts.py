@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tasks.stages.rl.sources import AheadRollouts
+from tasks.stages.rl.ahead import AheadRollouts
 
 
 class ToySync:

@@ -1,6 +1,6 @@
 """The `rlm` env: the long `context` in a sandboxed REPL, code cells, llm_query sub-calls through the
 episode's own model, FINAL / FINAL_VAR answers graded when the episode finishes; its oracle on every
-task of a small catalogue through tasks/common/rollouts.py."""
+task of a small catalogue through tasks/rollout/episodes.py."""
 
 import math
 
@@ -42,7 +42,7 @@ def tokenizer():
 
 def roll(tokenizer, scripts, tasks, respond=lambda prompt: ""):
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     return roll_out(ScriptedPolicy(tokenizer, scripts, respond=respond), tokenizer, ENV, tasks, SamplingParams(256))
 

@@ -67,7 +67,7 @@ def test_rloo_config_takes_trls_defaults_and_refuses_what_it_cannot_mean():
 
 def test_rloo_rows_carry_leave_one_out_advantages():
     """training_rows under `advantage: rloo`: each trajectory's row holds its leave-one-out advantage."""
-    from tasks.common.rollouts import Trajectory, TurnRecord
+    from tasks.rollout.episodes import Trajectory, TurnRecord
     from tasks.stages.rl.batch import training_rows
     from tasks.stages.rl.scoring import Scored
 

@@ -18,9 +18,9 @@ def model_and_tokenizer():
 
     from envs.arith import ArithEnv, ArithEnvConfig
     from tasks.common.encoding import encode_example
-    from tasks.common.learner import Learner
-    from tasks.common.training import batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
+    from tasks.train.learner import Learner
+    from tasks.train.loop import batch_indices, make_optimizer
 
     folder = materialize("tiny-llama")
     tokenizer = load_tokenizer(folder)

@@ -2,8 +2,8 @@
 read on the policy's actions, and every stage's row says what the scorer said."""
 
 from envs.arith import ArithEnv, ArithEnvConfig
-from tasks.common.rollouts import Trajectory, TurnRecord
-from tasks.common.scoring import score_episode
+from tasks.rollout.episodes import Trajectory, TurnRecord
+from tasks.rollout.scoring import score_episode
 from tasks.stages.evaluate import score_rows
 from tasks.stages.generate import GenerateStage, rollout_rows
 from tasks.stages.rl import RlStage

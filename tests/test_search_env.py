@@ -64,7 +64,7 @@ def test_the_index_is_fast_and_finds_every_gold_passage_with_the_oracle_queries(
 
 
 def test_every_task_oracle_scores_full_reward_and_a_no_op_scores_zero(tokenizer):
-    from tasks.common.env_check import check_env
+    from tasks.rollout.env_check import check_env
 
     tasks = ENV.all_tasks()
     checks = check_env(ENV, tokenizer, tasks)
@@ -80,7 +80,7 @@ def test_every_task_oracle_scores_full_reward_and_a_no_op_scores_zero(tokenizer)
 
 def test_rollout_chains_tokens_and_masks_the_retrieved_passages(tokenizer):
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     [trajectory] = roll_out(ScriptedPolicy(tokenizer, [ENV.oracle_actions(TASK)]), tokenizer, ENV, [TASK],
                             SamplingParams(64))

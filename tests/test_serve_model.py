@@ -161,8 +161,8 @@ def test_unknown_model_and_bad_requests_get_openai_errors(client):
 
 
 def test_greedy_accuracy_through_the_endpoint_equals_in_process(base_url):
-    from tasks.common.endpoint_policy import EndpointPolicy
-    from tasks.common.rollouts import LocalPolicy, roll_out
+    from tasks.rollout.endpoint_policy import EndpointPolicy
+    from tasks.rollout.episodes import LocalPolicy, roll_out
 
     model, tokenizer = local_model()
     tasks, params = ARITH.tasks("eval", 40, 0), SamplingParams(64)

@@ -10,9 +10,9 @@ from conftest import free_port
 from test_serve_model import ARITH, CALC, NAME, local_model, running_app
 
 from models.sampling import SamplingParams
-from tasks.common.endpoint_policy import EndpointError
-from tasks.common.rollouts import LocalPolicy, roll_out
-from tasks.common.server_policy import ServerPolicy
+from tasks.rollout.endpoint_policy import EndpointError
+from tasks.rollout.episodes import LocalPolicy, roll_out
+from tasks.rollout.server_policy import ServerPolicy
 
 
 def turns_of(trajectories):
@@ -211,7 +211,7 @@ def test_generate_and_evaluate_through_the_server_write_what_local_decoding_writ
 
 
 def test_a_groups_samples_go_as_one_request_with_n_and_sample_what_local_rows_sample(base_url):
-    from tasks.common.server_policy import seed_runs
+    from tasks.rollout.server_policy import seed_runs
 
     assert seed_runs([[1], [1], [1], [2], [2], [1]], [5, 6, 7, 8, 10, 11]) == [(0, 3), (3, 1), (4, 1), (5, 1)]
     model, tokenizer = local_model()

@@ -9,10 +9,10 @@ from conftest import free_port
 from test_serve_model import ARITH, CALC, NAME, local_model, trained_checkpoint
 
 from models.sampling import SamplingParams
-from tasks.common.endpoint_policy import EndpointError
-from tasks.common.rollouts import LocalPolicy, roll_out
 from tasks.config import EndpointTeacher
 from tasks.kinds import STAGE_CONFIG
+from tasks.rollout.endpoint_policy import EndpointError
+from tasks.rollout.episodes import LocalPolicy, roll_out
 from tasks.stages.synthesize import SynthesizeStage
 
 

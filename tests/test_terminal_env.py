@@ -48,7 +48,7 @@ def test_shipped_tasks_are_many_small_and_split():
 
 def test_every_oracle_passes_its_tests_and_a_no_op_fails_them(tokenizer):
     from models.sampling import SamplingParams
-    from tasks.common.rollouts import ScriptedPolicy, roll_out
+    from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
     oracle = roll_out(ScriptedPolicy(tokenizer, [ENV.oracle_actions(t) for t in TASKS]), tokenizer, ENV, TASKS,
                       SamplingParams(64))

@@ -85,7 +85,7 @@ def test_a_resume_into_another_mlflow_store_starts_a_run_there_and_replays_the_h
     """The in-stage state (its run id) is keyed by the cache key, which leaves mlflow_uri out."""
     from mlflow import MlflowClient
 
-    from tasks.common.trackers import Trackers
+    from tasks.train.trackers import Trackers
 
     root, _, _ = tracked
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlruns' / 'mlflow.db'}")
@@ -213,7 +213,7 @@ class Toy:
 
 
 def test_a_tracker_failing_mid_stage_is_dropped_after_one_warning(tmp_path):
-    from tasks.common.trackers import Trackers
+    from tasks.train.trackers import Trackers
 
     ctx = tracked_context(tmp_path, "w", None, "t/sft@1")
     toy = Toy()
@@ -242,7 +242,7 @@ class Broken:
 
 
 def test_a_tracker_failing_on_replay_is_called_once_and_warns_once(tmp_path, monkeypatch):
-    from tasks.common import trackers
+    from tasks.train import trackers
 
     monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Broken)
     monkeypatch.setattr(Broken, "calls", 0)
@@ -254,7 +254,7 @@ def test_a_tracker_failing_on_replay_is_called_once_and_warns_once(tmp_path, mon
 
 
 def test_only_rank_0_reports(tmp_path, monkeypatch):
-    from tasks.common.trackers import Trackers
+    from tasks.train.trackers import Trackers
 
     monkeypatch.setenv("RANK", "1")
     trackers = Trackers.start(tracked_context(tmp_path, "w", None, "t/sft@1", report_to=["tensorboard"]),
@@ -263,8 +263,8 @@ def test_only_rank_0_reports(tmp_path, monkeypatch):
 
 
 def test_params_show_values_from_the_environment_as_their_variable(tmp_path):
-    from tasks.common.trackers import run_params
     from tasks.stages.evaluate import EvaluateStage
+    from tasks.train.trackers import run_params
 
     stage = EvaluateStage(kind="evaluate", id="eval", checkpoints=["sft"], envs=["arith"],
                           judge={"endpoint": "http://judge.example/v1?key=s3cr3t-t0ken", "model": "j"})

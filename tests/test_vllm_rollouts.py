@@ -12,9 +12,9 @@ from test_serve_model import ARITH, CALC, NAME, local_model, trained_checkpoint
 from test_server_policy import assert_same_rollouts
 
 from models.sampling import SamplingParams, chat_prompt
-from tasks.common.endpoint_policy import EndpointError
-from tasks.common.rollouts import LocalPolicy, roll_out
-from tasks.common.server_policy import ServerPolicy
+from tasks.rollout.endpoint_policy import EndpointError
+from tasks.rollout.episodes import LocalPolicy, roll_out
+from tasks.rollout.server_policy import ServerPolicy
 
 QWEN3_GENERATION_CONFIG = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_new_tokens": 32768}
 
@@ -40,7 +40,7 @@ def test_vllm_greedy_rollouts_through_the_fake_are_the_local_ones(vllm_url, env,
 
 
 def fake_rollout(url: str, **fields):
-    from tasks.common.rollout_backends import ServerRollout
+    from tasks.rollout.backends import ServerRollout
 
     return ServerRollout(backend="server", endpoint=url, model=NAME, **fields)
 

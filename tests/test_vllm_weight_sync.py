@@ -15,10 +15,10 @@ from test_serve_model import NAME, local_model, trained_checkpoint
 from test_vllm_rollouts import wait_for
 from test_weight_sync import greedy_local, greedy_server, perturbed, rl_through
 
-from tasks.common.endpoint_policy import EndpointError
-from tasks.common.rollout_backends import ServerRollout
-from tasks.common.server_policy import ServerPolicy
-from tasks.stages.rl.weight_sync import WeightSync
+from tasks.rollout.backends import ServerRollout
+from tasks.rollout.endpoint_policy import EndpointError
+from tasks.rollout.server_policy import ServerPolicy
+from tasks.rollout.weight_sync import WeightSync
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,12 +7,12 @@ import os
 
 import httpx
 import pytest
-from test_serve_model import ARITH, NAME, local_model, running_app, trained_checkpoint
 from test_rl import ENV, committed_policy, read_history, rl_stage, stage_context
+from test_serve_model import ARITH, NAME, local_model, running_app, trained_checkpoint
 
 from models.sampling import SamplingParams, chat_prompt, generate_tokens
-from tasks.common.server_policy import ServerPolicy
-from tasks.stages.rl.weight_sync import WeightSync
+from tasks.rollout.server_policy import ServerPolicy
+from tasks.rollout.weight_sync import WeightSync
 
 PROMPTS = [t.prompt for t in ARITH.tasks("eval", 4, 1)]
 

@@ -22,9 +22,9 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
     """`steps` SFT steps (batch 16, lr 3e-3) over `examples`; the folder goes away at exit."""
     from accelerate import Accelerator
 
-    from tasks.common.learner import Learner
-    from tasks.common.training import batch_indices, make_optimizer
     from tasks.stages.sft import SftStage, train_step
+    from tasks.train.learner import Learner
+    from tasks.train.loop import batch_indices, make_optimizer
 
     stage = SftStage(kind="sft", id="t", data="t", max_steps=steps, batch_size=16, learning_rate=3e-3)
     optimizer, scheduler = make_optimizer(model, stage, steps)
@@ -42,13 +42,13 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
 
 def judge_folder(replies: str) -> Path:
     """tiny-llama after a short SFT on judge prompts about one-digit arith answers, in one of the
-    formats posttrain's judges use: `yes_no`, tasks/common/judge.py's prompt answered yes (right)
+    formats posttrain's judges use: `yes_no`, tasks/rollout/judge.py's prompt answered yes (right)
     or no (a wrong number); `score`, a judge reward's default prompt answered 10 or 0. (One model
     taught both mixes them up.)"""
     from envs.arith import ArithEnv, ArithEnvConfig
     from envs.dataset import JudgeScoring
     from tasks.common.encoding import encode_example
-    from tasks.common.judge import judge_prompt
+    from tasks.rollout.judge import judge_prompt
 
     arith = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
     score_prompt = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="judge").prompt

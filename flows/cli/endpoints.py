@@ -1,7 +1,7 @@
 """`posttrain validate --check-endpoints SPEC`: every server a stage talks to answers, before anything runs.
 
 A rollout server must serve its model, return token ids and log-probs, and report log-probs after
-temperature (the rollout backend's own start check, tasks/common/server_checks.py); a teacher or
+temperature (the rollout backend's own start check, tasks/rollout/server_checks.py); a teacher or
 judge endpoint (a dataset env's judge reward too) must list its model.
 The first problem is one line naming the stage's field and the endpoint (exit 2).
 """
@@ -13,10 +13,8 @@ from flows.cli.common import UserError
 
 def check_endpoints(spec) -> int:
     """Check each endpoint of the spec's stages; how many were checked."""
-    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
-    from tasks.common.server_policy import ServerPolicy
-    from tasks.common.rollout_backends import ServerRollout
-    from tasks.common.server_checks import described
+    from tasks.rollout.backends import RolloutBackend
+    from tasks.rollout.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
 
     checked = 0
     for stage in spec.stages:
@@ -24,10 +22,9 @@ def check_endpoints(spec) -> int:
             where = f"stages.{stage.id}.{field}"
             found = ""
             try:
-                if isinstance(config, ServerRollout):
-                    policy = ServerPolicy.of(config, None, where)
-                    policy.check()
-                    found = f" ({described(policy)})"
+                if isinstance(config, RolloutBackend):  # the backend's own start check
+                    found = config.check_endpoint(where)
+                    found = f" ({found})" if found else ""
                 else:
                     EndpointPolicy.of(config, None, where).check_model()
             except (EndpointError, EndpointConfigError) as exc:
@@ -41,7 +38,7 @@ def check_judges(spec) -> int:
     """Each judge of a dataset env's rewards lists its model; how many were checked (whether it
     answers a score is checked by the stage that attaches it, on a train task)."""
     from envs.dataset import DatasetEnvConfig, JudgeReward
-    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
+    from tasks.rollout.endpoint_policy import EndpointConfigError, EndpointError, EndpointPolicy
 
     checked = 0
     for env_id, config in spec.envs.items():

@@ -47,7 +47,7 @@ def check(kind: str, tasks: str | None, spec, generated: int | None = None) -> i
     from envs.loader import make_env
     from envs.sandbox import SandboxUnavailable
     from models.loading import load_tokenizer, resolve_base
-    from tasks.common.env_check import check_env
+    from tasks.rollout.env_check import check_env
 
     config = env_config(kind, tasks, spec, generated)
     try:

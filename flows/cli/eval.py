@@ -11,9 +11,8 @@ from flows.stage_requests import state_error
 
 def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
     """Check the inputs (EvaluationInputError: one line), run the flow, print the metrics; exit code."""
-    from tasks.runtime.launch import warm_up
-
     from flows.cli.common import check_prefect_api, temporary_api, use_temporary_api
+    from tasks.runtime.launch import warm_up
 
     plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens)
     warm_up()  # the stage's imports load while Prefect starts
@@ -37,7 +36,7 @@ def run_endpoint_eval(spec, envs: list[str] | None, n: int | None, max_new_token
     Nothing is committed: the store holds checkpoints' evaluations, and this model is not one."""
     from envs.loader import make_env
     from models.loading import load_tokenizer, resolve_base
-    from tasks.common.endpoint_policy import EndpointConfigError, EndpointPolicy
+    from tasks.rollout.endpoint_policy import EndpointConfigError, EndpointPolicy
     from tasks.stages.evaluate import evaluate_policy
 
     spec, env_ids = with_envs(spec, envs)
@@ -66,7 +65,7 @@ def with_rows(spec, env_id: str, env):
     rows = [read_rows(store.fetch(refs[data_id])) for data_id in env.data_stages()]
     env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)
     if env.learned_rewards():  # its reward models: the latest committed, as its rows
-        from tasks.common.learned_rewards import attach_scorers
+        from tasks.rollout.learned_rewards import attach_scorers
 
         attach_scorers(env, env_id, lambda stage_id: store.fetch(refs[stage_id]), spec.model, "cpu")
     return env

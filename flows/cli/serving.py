@@ -36,7 +36,7 @@ def _eval_endpoint(args) -> int:
     from artifacts.store import first_line
     from flows.cli.eval import run_endpoint_eval
     from flows.evaluate import EvaluationInputError
-    from tasks.common.endpoint_policy import EndpointConfigError, EndpointError
+    from tasks.rollout.endpoint_policy import EndpointConfigError, EndpointError
 
     if args.ref:
         raise UserError("ref: evaluate a checkpoint or an endpoint, not both (serve the checkpoint with serve-model)")

@@ -1,9 +1,9 @@
 """`posttrain serve-model`: one checkpoint behind an OpenAI-compatible API (FastAPI + uvicorn).
 
 A served checkpoint is a policy like any other (docs/DESIGN §7): a teacher for `synthesize`, a
-model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/common/server_policy.py;
-the stage publishes its new weights to it, tasks/stages/rl/weight_sync.py), or the endpoint a rollout
-plays through by chat (tasks/common/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
+model for an OpenAI client, the server an RL stage's rollouts decode on (tasks/rollout/server_policy.py;
+the stage publishes its new weights to it, tasks/rollout/weight_sync.py), or the endpoint a rollout
+plays through by chat (tasks/rollout/endpoint_policy.py). It decodes with the project's own engine: a one-user-message
 chat request gives exactly what in-process evaluation gives for that prompt, and a token-id
 completion what the local engine gives for those ids. Concurrent requests decode together
 (models/serving/batch.py). The served model: models/serving/model.py; the request fields:

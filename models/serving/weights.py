@@ -1,5 +1,5 @@
 """Weights `posttrain serve-model` loads at runtime: how a trainer publishes new weights to it
-(tasks/stages/rl/weight_sync.py).
+(tasks/rollout/weight_sync.py).
 
 LoRA adapters, over vLLM's endpoints: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` loads
 a PEFT adapter, and requests that name the adapter as their `model` decode with it;

@@ -130,23 +130,6 @@ class StageContext:
             with open(self.announce_path, "a") as handle:
                 handle.write(json.dumps(message) + "\n")
 
-    def env(self, env_id: str, tokenizer=None):
-        """The environment `env_id` of the spec, ready to play: a dataset env gets the rows of its
-        dataset stages and the scorers of its learned rewards (inputs of this stage; a reward model's
-        tokenizer checked against `tokenizer`, the policy's)."""
-        from envs.loader import make_env
-        from tasks.common.datasets import read_rows
-
-        env = make_env(env_id, self.envs[env_id])
-        if getattr(env, "reads_data", False):
-            rows = [read_rows(self.fetch(stage_id)) for stage_id in env.data_stages()]
-            env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)
-            if env.learned_rewards():
-                from tasks.common.learned_rewards import attach_scorers
-
-                attach_scorers(env, env_id, self.fetch, self.model, self.device, tokenizer)
-        return env
-
     def input_ref(self, stage_id: str) -> Ref:
         return Ref.parse(self.inputs[stage_id])
 

@@ -2,7 +2,7 @@
 
 A dataset that fails its contract (mode enforce) is never committed: it goes, with the GX
 result and its Data Docs page, to quarantine/<run id>/<stage id>/ and the stage fails with
-ContractViolation, which the runner does not retry (retrying cannot fix data).
+ContractViolation, which the runner does not retry (tasks/common/errors.py: retrying cannot fix data).
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 from data_contracts.validate import ContractResult, data_docs_html, validate
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_frame
+from tasks.common.errors import NotRetryable
 
 
-class ContractViolation(Exception):
-    pass
+class ContractViolation(NotRetryable):
+    """A dataset output broke its data contract (quarantined, never committed)."""
 
 
 def quarantine(ctx: StageContext, output: StageOutput, result: ContractResult) -> str:

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from artifacts.refs import Ref, content_version
 from artifacts.store import folder_hashes
-from tasks.common import checkpointing, contract_gate
+from tasks.common import contract_gate
 from tasks.common.context import StageContext
-from tasks.common.contract_gate import ContractViolation
+from tasks.common.errors import NotRetryable
 from tasks.request import StageRequest
 from tasks.runtime.peaks import highest, max_over_ranks, stage_peaks
 from tasks.runtime.processes import alive
+from tasks.train import checkpointing
 
 
 def _exit_with(orchestrator: int) -> None:
@@ -163,8 +164,8 @@ def main(argv: list[str], orchestrator: int | None = None) -> int:
     try:
         result = execute(StageRequest.model_validate_json(request_path.read_text()))
         code = 0
-    except ContractViolation as exc:
-        result, code = {"error": str(exc), "contract_failed": True}, 1
+    except NotRetryable as exc:
+        result, code = {"error": str(exc), "retryable": False}, 1
     except Exception as exc:
         traceback.print_exc()
         result, code = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, 1

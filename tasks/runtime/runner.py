@@ -56,12 +56,13 @@ class StageFailed(Exception):
     pass
 
 
-class ContractFailed(StageFailed):
-    """The stage's dataset broke its data contract: retrying cannot fix data."""
+class NotRetryableFailure(StageFailed):
+    """The stage raised a NotRetryable (tasks/common/errors.py: a broken data contract, no training
+    data, inputs that cannot work together): the same inputs would fail the same way."""
 
 
-def retry_unless_contract_failed(task, task_run, state) -> bool:
-    return not isinstance(state.data, ContractFailed) and not STOPPING.is_set()
+def retry_unless_not_retryable(task, task_run, state) -> bool:
+    return not isinstance(state.data, NotRetryableFailure) and not STOPPING.is_set()
 
 
 class ChildMessages:
@@ -134,7 +135,7 @@ def run_in_child(request: StageRequest, on_checkpoint=lambda ref, step: None,
             raise StageFailed(f"stage {stage_id!r} died (exit code {process.poll()})")
         result = json.loads(result_path.read_text())
     if "error" in result:
-        raise (ContractFailed if result.get("contract_failed") else StageFailed)(result["error"])
+        raise (StageFailed if result.get("retryable", True) else NotRetryableFailure)(result["error"])
     return {**result, "checkpoints": messages.refs}
 
 
@@ -190,7 +191,7 @@ def stage_task_options(request: StageRequest, task_run_name: str | None = None) 
             "tags": stage_tags(request)}
 
 
-@task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_contract_failed)
+@task(cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_not_retryable)
 def run_stage(request: StageRequest):
     """The stage's result: from the store's stage cache, from another run that held the stage's
     claim meanwhile (tasks/runtime/claims.py; waiting counts against the stage's timeout), or

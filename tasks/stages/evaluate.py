@@ -3,7 +3,7 @@
 Per checkpoint and env: greedy accuracy and its standard error, format rate, doom-loop rate (greedy), mean
 completion tokens (the policy's), mean turns, truncation rate, reward-function errors, and
 sampled accuracy, and the mean of every graded outcome (a sandboxed env's tests, cod's reward
-by position in the pack). Episodes are played through the env's protocol (tasks/common/rollouts.py), so
+by position in the pack). Episodes are played through the env's protocol (tasks/rollout/episodes.py), so
 multi-turn envs are evaluated the way they are trained. The
 per-completion rows are the stage's evaluation-results dataset. Every checkpoint but the first (or
 but the `baseline`) also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous
@@ -25,13 +25,14 @@ from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.eval_report import unfinished_warnings, write_eval_report
-from tasks.common.judge import judge_metrics, judge_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollout_backends import LocalRollout, Rollout
-from tasks.common.rollouts import roll_out
-from tasks.common.scoring import prefetch_scores, score_episode
 from tasks.config import PLOT_MODULES, EvaluationSettings, StageBase
+from tasks.rollout.backends import LocalRollout, Rollout
+from tasks.rollout.envs import stage_env
+from tasks.rollout.episodes import roll_out
+from tasks.rollout.judge import judge_metrics, judge_rows
+from tasks.rollout.scoring import prefetch_scores, score_episode
 
 
 class EvaluateStage(StageBase, EvaluationSettings):
@@ -186,7 +187,7 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
         for env_id in stage.envs:
             began = time.monotonic()
             if env_id not in envs:
-                envs[env_id] = ctx.env(env_id, tokenizer)
+                envs[env_id] = stage_env(ctx, env_id, tokenizer)
             env_rows, metrics[checkpoint][env_id] = evaluate_policy(policy, tokenizer, envs[env_id], stage,
                                                                     checkpoint, ctx.device)
             rows += env_rows

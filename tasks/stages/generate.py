@@ -1,6 +1,6 @@
 """`generate`: on-policy rollouts from a checkpoint, scored by the env's rubric.
 
-A multi-turn env's completions are whole episodes (tasks/common/rollouts.py), whose rows carry a loss
+A multi-turn env's completions are whole episodes (tasks/rollout/episodes.py), whose rows carry a loss
 mask so that preference training scores the policy's tokens only.
 
 Per prompt, `samples` sampled completions and `greedy` greedy ones (the group the preference
@@ -22,10 +22,11 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
 from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollout_backends import LocalRollout, Rollout
-from tasks.common.rollouts import Trajectory, roll_out, single_turn
-from tasks.common.scoring import prefetch_scores, score_episode
 from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
+from tasks.rollout.backends import LocalRollout, Rollout
+from tasks.rollout.envs import stage_env
+from tasks.rollout.episodes import Trajectory, roll_out, single_turn
+from tasks.rollout.scoring import prefetch_scores, score_episode
 
 
 class GenerateStage(StageBase):
@@ -157,7 +158,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     folder = ctx.fetch(stage.policy)
     tokenizer = load_tokenizer(folder, ctx.model)
     policy = stage.rollout.policy(folder, tokenizer, ctx, stage.batch_size)
-    env = ctx.env(stage.env, tokenizer)
+    env = stage_env(ctx, stage.env, tokenizer)
     tasks = env.tasks(stage.split, stage.n, stage.seed)
     per_task = stage.samples + stage.greedy
 

@@ -9,7 +9,7 @@ reward model trains and saves its whole head. `eval_fraction` of the pairs (by a
 pair's id) is held out: the stage reports the pairwise accuracy on them (chosen scored above
 rejected) at every checkpoint and at the end. The result is committed as a `reward_model`
 artifact, which rewards a dataset env's completions (`rewards: [{reward_model: STAGE_ID}]`,
-tasks/common/learned_rewards.py) and which no policy evaluation is triggered for.
+tasks/rollout/learned_rewards.py) and which no policy evaluation is triggered for.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pydantic import Field
 from models.loading import load_tokenizer, resolve_base, set_threads
 from models.losses import reward_model_loss
 from tasks.common.context import StageContext, StageOutput
-from tasks.common.contract_gate import ContractViolation
 from tasks.common.encoding import Example, preference_examples
-from tasks.common.learner import Learner
+from tasks.common.errors import NoTrainingData
 from tasks.common.pairs import input_pairs
-from tasks.common.reward_models import held_out, reward_scores, scores_in_batches
-from tasks.common.training import mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage
+from tasks.rollout.reward_models import held_out, reward_scores, scores_in_batches
+from tasks.train.learner import Learner
+from tasks.train.loop import mixed_batch_indices, start_training, total_steps
 
 
 class RewardModelStage(DatasetTrainStage):
@@ -63,7 +63,7 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
                pad_id: int, step_pairs: int, shards: int = 1) -> dict:
     """One optimizer step on this process's share of a batch of pairs, in micro-batches of pairs;
     the loss is the mean of `reward_model_loss` over the step's `step_pairs` pairs (× `shards`:
-    tasks/common/learner.py). A micro-batch's chosen and rejected sides go through the model in one
+    tasks/train/learner.py). A micro-batch's chosen and rejected sides go through the model in one
     forward, as in TRL."""
     device = learner.accelerator.device
     loss_sum, wins, margin_sum = 0.0, 0.0, 0.0
@@ -106,7 +106,7 @@ def run(stage: RewardModelStage, ctx: StageContext) -> dict[str, StageOutput]:
     ctx.log(f"{len(train)} training and {len(held)} held-out pairs ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored groups dropped)")
     if not train:  # retrying cannot fix data
-        raise ContractViolation(f"no training pairs for the reward model in {', '.join(stage.datasets())} "
+        raise NoTrainingData(f"no training pairs for the reward model in {', '.join(stage.datasets())} "
                                 f"({len(pairs)} pairs, {len(held)} held out)")
     owner = [d for d, size in enumerate(per_dataset) for _ in range(size)]
     sizes = [sum(1 for i in train if owner[i] == d) for d in range(len(per_dataset))]

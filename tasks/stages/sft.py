@@ -13,9 +13,9 @@ from models.token_logps import label_logps
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
-from tasks.common.learner import Learner
-from tasks.common.training import mixed_batch_indices, start_training, total_steps
 from tasks.config import PLOT_MODULES, DatasetTrainStage
+from tasks.train.learner import Learner
+from tasks.train.loop import mixed_batch_indices, start_training, total_steps
 
 
 class SftStage(DatasetTrainStage):

@@ -2,10 +2,10 @@
 
 The teacher is the env's programmatic oracle, or a model behind an OpenAI-compatible endpoint
 (`teacher: {endpoint, model}`: `posttrain serve-model`, vLLM, an API model) that plays the env
-through the same episode loop as any policy (tasks/common/endpoint_policy.py). Each row carries its
+through the same episode loop as any policy (tasks/rollout/endpoint_policy.py). Each row carries its
 token length under the spec's model, so the sft contract can hold it to the model's context.
 
-A multi-turn env's teacher is played through the real episode loop (tasks/common/rollouts.py, the
+A multi-turn env's teacher is played through the real episode loop (tasks/rollout/episodes.py, the
 sandbox included), and its rows carry the exact token ids with a loss mask: SFT trains on the
 policy's actions, never on what the env wrote, and on the very ids RL will see.
 """
@@ -23,10 +23,11 @@ from models.loading import context_length, load_tokenizer, resolve_base
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import write_rows
-from tasks.common.env_check import CHUNK, scripted_rollouts
 from tasks.common.progress import Progress
-from tasks.common.rollouts import Trajectory, roll_out
 from tasks.config import EndpointTeacher, StageBase
+from tasks.rollout.env_check import CHUNK, scripted_rollouts
+from tasks.rollout.envs import stage_env
+from tasks.rollout.episodes import Trajectory, roll_out
 
 
 class SynthesizeStage(StageBase):
@@ -69,7 +70,7 @@ Teacher = str | EndpointTeacher  # "oracle", or a model at an endpoint
 
 def teacher_policy(teacher: EndpointTeacher, tokenizer):
     """The endpoint as a rollout policy; its key comes from the environment variable the spec names."""
-    from tasks.common.endpoint_policy import EndpointPolicy
+    from tasks.rollout.endpoint_policy import EndpointPolicy
 
     return EndpointPolicy.of(teacher, tokenizer, "teacher")
 
@@ -167,7 +168,7 @@ def drawn_tasks(env, stage: SynthesizeStage) -> list[Task]:
 
 
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
-    env = ctx.env(stage.env)
+    env = stage_env(ctx, stage.env)
     tasks = drawn_tasks(env, stage)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base, ctx.model)

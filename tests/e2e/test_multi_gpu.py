@@ -10,8 +10,7 @@ import pytest
 
 from artifacts.store import Store
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
-from tasks.common.training import lr_factor
-
+from tasks.train.loop import lr_factor
 
 # DDP as a GPU box's config says it; without CUDA the processes train on the CPU (gloo), as with --multi_gpu
 CPU_ACCELERATE_CONFIG = """compute_environment: LOCAL_MACHINE

@@ -15,18 +15,19 @@ from __future__ import annotations
 import contextlib
 import math
 
-from data_contracts.config import ContractParams
-from models.loading import context_length, load_model, resolve_base
+from models.loading import load_model
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
-from tasks.common.contract_gate import ContractViolation
 from tasks.common.datasets import write_rows
 from tasks.common.encoding import Example, encode_ids
+from tasks.common.errors import NoTrainingData
 from tasks.common.pairs import PairStats
-from tasks.common.rollouts import TASK_POOL, LocalPolicy, roll_out, step_tasks
-from tasks.common.scoring import prefetch_scores, score_episode
-from tasks.common.training import start_training
-from tasks.stages.preference.stage import PreferenceStage, reference_logps, train_step
+from tasks.rollout.envs import stage_env
+from tasks.rollout.episodes import TASK_POOL, LocalPolicy, roll_out, step_tasks
+from tasks.rollout.scoring import prefetch_scores, score_episode
+from tasks.stages.preference.config import PreferenceStage
+from tasks.stages.preference.step import pairs_contract, reference_logps, train_step
+from tasks.train.loop import start_training
 
 SAMPLES = 2  # completions per prompt, as TRL's online DPO
 SEEDS_PER_STEP = 1_000_003  # episode seeds of a step: a block of their own
@@ -109,7 +110,7 @@ def reference_of(model, reference, examples: list[Example], pad_id: int, device)
 def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer) -> dict[str, StageOutput]:
     import torch
 
-    envs = {env_id: ctx.env(env_id, tokenizer) for env_id in stage.envs}
+    envs = {env_id: stage_env(ctx, env_id, tokenizer) for env_id in stage.envs}
     training = start_training(ctx, stage, source, stage.max_steps, tokenizer)
     if training.accelerator.num_processes > 1:
         raise ValueError("mode: online runs in one process (its sampling and its update share one model)")
@@ -139,8 +140,8 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
     ctx.log(f"{stats.pairs} pairs from {stats.prompts} prompts ({stats.dropped_tied} tied and "
             f"{stats.dropped_unscored} unscored dropped)")
     if not rows:  # the rubric never told two completions apart: nothing was trained
-        raise ContractViolation(f"no preference pairs in {stats.prompts} prompts sampled online: every prompt's two "
-                                f"completions tied ({stats.dropped_tied}) or were unscored ({stats.dropped_unscored})")
+        raise NoTrainingData(f"no preference pairs in {stats.prompts} prompts sampled online: every prompt's two "
+                             f"completions tied ({stats.dropped_tied}) or were unscored ({stats.dropped_unscored})")
     pairs_dir = ctx.workdir / "pairs"
     write_rows(rows, pairs_dir)
     trained = [h for h in training.history if "loss" in h]
@@ -148,5 +149,4 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
                                "dropped_tied": stats.dropped_tied, "dropped_unscored": stats.dropped_unscored,
                                "final_loss": trained[-1]["loss"] if trained else None,
                                "final_sampled_reward": training.history[-1]["sampled_reward"]})
-    contract = ContractParams(kind="preference", context_length=context_length(resolve_base(ctx.model.base)))
-    return {**outputs, "pairs": StageOutput("dataset", pairs_dir, vars(stats), contract)}
+    return {**outputs, "pairs": StageOutput("dataset", pairs_dir, vars(stats), pairs_contract(ctx))}

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.losses import IGNORE_INDEX
-from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 from models.rl_losses import COD_KINDS, cod_advantages, group_advantages, rloo_advantages, step_advantages
 from models.sampling import left_padded
+from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 
 
 @dataclass
@@ -26,6 +26,28 @@ class Row:
     advantage: float
     behaviour_logps: list[float] | None = None  # the sampler's log-prob of each completion token
     policy_version: int = 0  # the (oldest) weights' version that sampled it
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a step's scored groups become training rows, as the stage configures it (built once)."""
+
+    algorithm: str
+    group_size: int
+    scale: str
+    gamma: float
+    mask_truncated: bool
+    credit: str
+    advantage: str
+
+    @classmethod
+    def of(cls, stage) -> "RowPlan":
+        return cls(stage.algorithm, stage.group_size, stage.scale_rewards, stage.gamma, stage.mask_truncated,
+                   stage.credit, stage.advantage)
+
+    def rows(self, scored_groups: list[list]) -> list[Row]:
+        return training_rows(scored_groups, self.algorithm, self.group_size, self.scale, self.gamma,
+                             self.mask_truncated, self.credit, self.advantage)
 
 
 def training_rows(scored_groups: list[list], algorithm: str, group_size: int, scale: str, gamma: float,

@@ -1,5 +1,5 @@
-"""The rl stage's config: `RlStage`, and where its rollouts decode (`rollout:`), each backend
-building the step's rollout source (tasks/stages/rl/sources.py)."""
+"""The rl stage's config: `RlStage`, where its rollouts decode (`rollout:`, any registered backend:
+tasks/rollout/backends/) and whether they run ahead of the trainer (`asynchronous:`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.common.rollout_backends import LocalRollout, ServerRollout, rollout_union
 from tasks.config import ONE_SEQUENCE_ONLY, PLOT_MODULES, AntiDoom, DynamicSampling, Overlong, SpecView, TrainStage
+from tasks.rollout.backends import LocalRollout, Rollout
 
 
 class Asynchronous(BaseModel):
@@ -18,70 +18,6 @@ class Asynchronous(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_staleness: int = Field(1, ge=1)
-
-
-class RlLocalRollout(LocalRollout):
-    """The stage's own engine decodes, in lockstep with the trainer."""
-
-    def check_asynchronous(self, asynchronous: Asynchronous | None) -> None:
-        if asynchronous is not None:
-            raise ValueError("asynchronous: needs rollout.backend server (rollouts decode there while this trains)")
-
-    def source(self, stage: "RlStage", collect, training, tokenizer, ctx):
-        """The step's rollouts from the model being trained itself; sharded, on its whole weights,
-        gathered once a step (a different number of decode steps on each process)."""
-        from tasks.common.sharding import full_weights
-        from tasks.stages.rl.sources import Rollouts
-
-        model = training.accelerator.unwrap_model(training.model)
-
-        def decoded(policy, step: int):
-            with full_weights(training.model):
-                return collect(policy, step)
-
-        return Rollouts(decoded, self.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size),
-                        model)
-
-
-class RlServerRollout(ServerRollout):
-    """A server decodes; the stage publishes its weights there every `sync_every` optimizer steps,
-    saved under `sync_folder`, a folder the server reads (serve-model's --lora-folder; vLLM loads the
-    adapter from its path): tasks/stages/rl/weight_sync.py."""
-
-    sync_every: int = Field(1, ge=1)
-    sync_folder: str | None = None  # required: None only to explain what it is for when it is missing
-
-    @model_validator(mode="after")
-    def _sync_folder_given(self):
-        if self.sync_folder is None:
-            raise ValueError("sync_folder: an rl stage on a server publishes its weights there (a folder the "
-                             "server reads: serve-model's --lora-folder)")
-        return self
-
-    def check_asynchronous(self, asynchronous: Asynchronous | None) -> None:
-        if asynchronous is not None and asynchronous.max_staleness < self.sync_every - 1:
-            raise ValueError(f"asynchronous.max_staleness ({asynchronous.max_staleness}) must be at least "
-                             f"rollout.sync_every - 1 ({self.sync_every - 1}): rollouts wait for weights "
-                             "that recent")
-
-    def source(self, stage: "RlStage", collect, training, tokenizer, ctx):
-        """The step's rollouts from the server, in lockstep or running ahead (`asynchronous`), the
-        weights published to it; the server checked before any training."""
-        from tasks.stages.rl.sources import AheadRollouts, LockstepRollouts
-        from tasks.stages.rl.weight_sync import WeightSync
-
-        model = training.accelerator.unwrap_model(training.model)
-        if stage.asynchronous is not None and training.accelerator.num_processes > 1:
-            raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
-        server = self.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size)
-        sync = WeightSync(server, self.sync_folder, ctx.stage_id, ctx.model.lora is not None)
-        if stage.asynchronous is None:
-            return LockstepRollouts(collect, server, model, sync, self.sync_every)
-        return AheadRollouts(collect, server, model, sync, self.sync_every, stage.asynchronous.max_staleness,
-                             stage.steps)
-
-
-RlRollout = rollout_union(RlLocalRollout, RlServerRollout)
 
 
 class RlStage(TrainStage):
@@ -99,6 +35,7 @@ class RlStage(TrainStage):
     produces = "checkpoint"
     preload = ("peft", "accelerate", *PLOT_MODULES)  # curves at checkpoints
     runs = "tasks.stages.rl"  # the package: its `run` is stage.py's
+    publishes_weights = True  # to a rollout server, every rollout.sync_every optimizer steps
 
     kind: Literal["rl"]
     policy: str
@@ -128,7 +65,7 @@ class RlStage(TrainStage):
     warmup_steps: int = Field(5, ge=0)
     checkpoint_every: int = Field(50, gt=0)
     samples_every: int = Field(10, gt=0)  # a table of the step's episodes to the trackers of report_to
-    rollout: RlRollout = Field(default_factory=RlLocalRollout)
+    rollout: Rollout = Field(default_factory=LocalRollout)
     asynchronous: Asynchronous | None = None
     importance_cap: float = Field(2.0, gt=0)  # C of the truncated importance weights (server-sampled rows)
 
@@ -140,7 +77,7 @@ class RlStage(TrainStage):
             raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be below max_tokens ({self.max_tokens})")
         if self.credit == "cod" and self.algorithm != "steppo":
             raise ValueError("credit: cod assigns credit per step; use algorithm: steppo")
-        self.rollout.check_asynchronous(self.asynchronous)
+        self.rollout.check_asynchronous(None if self.asynchronous is None else self.asynchronous.max_staleness)
         if self.credit == "cod" and "scale_rewards" not in self.model_fields_set:
             self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
         if self.advantage == "rloo":

@@ -1,5 +1,5 @@
 """An rl episode's step rewards: the episode scored as every stage scores it
-(tasks/common/scoring.py), then shaped by the stage's own terms on the policy's actions: the
+(tasks/rollout/scoring.py), then shaped by the stage's own terms on the policy's actions: the
 anti-doom repetition penalty, trace validation, the overlong penalty."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 from envs.base import RewardFunc, Rubric
 from envs.doom import overlong_excess, repetition_excess, trace_is_valid
-from tasks.common.rollouts import Trajectory, TurnRecord
-from tasks.common.scoring import score_episode
+from tasks.rollout.episodes import Trajectory, TurnRecord
+from tasks.rollout.scoring import score_episode
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """`rl`: on-policy RL from verifiable rewards (GRPO family, StepPO), resumable like sft.
 
 Each step: draw `prompts_per_step` train tasks from the env mix by weight, play `group_size`
-episodes of each (tasks/common/rollouts.py, single- or multi-turn), score them (tasks/stages/rl/
+episodes of each (tasks/rollout/episodes.py, single- or multi-turn), score them (tasks/stages/rl/
 scoring.py: the env's rubric, the anti-doom repetition penalty, trace validation, overlong
 shaping), drop the groups without signal when dynamic sampling is on (and draw more), turn rewards
 into advantages and rows (batch.py) and take `num_iterations` clipped policy-gradient steps on them
-(update.py, models/rl_losses.py); then publish the weights to the rollout server, if there is one.
+(update.py, models/rl_losses.py); then publish the weights to the rollout server when due, if there is
+one. With `asynchronous:` a producer thread samples ahead on the server instead (ahead.py).
 The prompts of a step are a pure function of (seed, step, draw), so a resumed stage draws exactly
 what it would have drawn.
 """
@@ -13,20 +14,24 @@ what it would have drawn.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from models.loading import load_model, load_tokenizer, set_threads
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.ranks import split_and_gather
-from tasks.common.rollouts import TASK_POOL, roll_out, step_tasks
-from tasks.common.scoring import prefetch_scores
-from tasks.common.training import start_training
+from tasks.rollout.envs import stage_env
+from tasks.rollout.episodes import TASK_POOL, roll_out, step_tasks
+from tasks.rollout.scoring import prefetch_scores
+from tasks.stages.rl.ahead import AheadRollouts, Batch, sync_metrics
 from tasks.stages.rl.config import RlStage
 from tasks.stages.rl.metrics import batch_metrics, sample_rows
 from tasks.stages.rl.scoring import Scored, has_signal, score_trajectory, scored_data, scored_from_data
-from tasks.stages.rl.update import train_step
-
+from tasks.stages.rl.update import PolicyUpdate
+from tasks.train.loop import start_training
+from tasks.train.sharding import full_weights
 
 # Episode seeds: every draw of a step gets its own block of EPISODE_SEEDS_PER_DRAW seeds, so no two
 # episodes of a stage share one (episode j of group i takes block + i * group_size + j).
@@ -95,35 +100,21 @@ class EpisodeSampler:
                                 decode=lambda i, data: [scored_from_data(d, picked[i][1]) for d in data])
 
 
-def train_on(rollouts, step: int, training, reference, stage: RlStage, tokenizer) -> None:
-    """One step: the step's rollouts, the update on them, the metrics; then the new weights go out."""
-    began = time.perf_counter()
-    batch = rollouts.take(step)
-    groups, sampled = batch.groups, batch.sampled
-    metrics = batch_metrics(sampled, list(stage.envs))
-    completion_tokens = sum(s.trajectory.completion_tokens for s in sampled)
-    collected = time.perf_counter()
-    if groups:  # empty when dynamic sampling found no group with signal within its draws
-        update, _ = train_step(training, reference, groups, stage, tokenizer.pad_token_id)
-        metrics.update(update)
-    updated = time.perf_counter()
-    rollouts.trained(step + 1)  # publishes the new weights to a server when due
-    # where a step's time goes: sampling and scoring episodes (or waiting for them), the policy update,
-    # publishing the weights
-    metrics.update(rollout_seconds=collected - began, update_seconds=updated - collected)
-    if stage.dynamic_sampling is not None:
-        metrics.update(kept_groups=len(groups), draws=batch.draws)
-    metrics.update(rollouts.sync_metrics(batch, time.perf_counter() - updated))
-    training.record(step, completion_tokens, **metrics)
-    if training.trackers.active and (step + 1) % stage.samples_every == 0:
-        training.trackers.log_table(step + 1, sample_rows(sampled))
+def sample_step(sampler: EpisodeSampler, policy, training, step: int, on_trained_weights: bool) -> Batch:
+    """The step's batch, decoded now: on the trained model itself (`on_trained_weights`; a sharded
+    model's whole weights gathered for it, a different number of decode steps on each process), or
+    on a server in lockstep, which holds the weights of this very step (staleness 0)."""
+    with full_weights(training.model) if on_trained_weights else nullcontext():
+        groups, sampled, draws = sampler.collect(policy, step)
+    training.accelerator.unwrap_model(training.model).train()  # the local engine decodes in eval mode
+    return Batch(groups, sampled, draws, staleness=Counter(step - s.trajectory.policy_version for s in sampled))
 
 
 def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy))
     tokenizer = load_tokenizer(source, ctx.model)
-    envs = {env_id: ctx.env(env_id, tokenizer) for env_id in stage.envs}
+    envs = {env_id: stage_env(ctx, env_id, tokenizer) for env_id in stage.envs}
     for env_id, env in envs.items():
         if env.restarts_context and stage.algorithm != "steppo":  # a grpo row is one growing context
             raise ValueError(f"env {env_id!r} restarts contexts (cod); use algorithm: steppo")
@@ -132,13 +123,44 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
     reference = load_model(source, ctx.model).to(training.accelerator.device).eval() \
         if stage.beta and ctx.model.lora is None else None  # with LoRA: the policy with its adapters disabled
     sampler = EpisodeSampler(stage, tokenizer, envs, pools, str(training.accelerator.device))
-    rollouts = stage.rollout.source(stage, sampler.collect, training, tokenizer, ctx)
-    rollouts.start(training.start)
+    update = PolicyUpdate.of(stage, tokenizer.pad_token_id)
+    model = training.accelerator.unwrap_model(training.model)
+    policy = stage.rollout.trainer_policy(model, tokenizer, stage.prompts_per_step * stage.group_size)
+    publisher = stage.rollout.publisher(policy, ctx.stage_id, ctx.model.lora is not None)
+    ahead = None
+    if stage.asynchronous is not None:
+        if training.accelerator.num_processes > 1:
+            raise ValueError("asynchronous: runs in one process (its rollouts overlap the update's collectives)")
+        if publisher is None:
+            raise ValueError(f"asynchronous: rollout backend {stage.rollout.backend!r} receives no weights to run "
+                             "ahead with")
+        ahead = AheadRollouts(sampler.collect, policy, model, publisher, publisher.every,
+                              stage.asynchronous.max_staleness, stage.steps)
+        ahead.start(training.start)
+    elif publisher is not None:
+        publisher.publish(model, training.start)  # the server decodes exactly the weights the stage starts from
     try:
         for step in range(training.start, stage.steps):
-            train_on(rollouts, step, training, reference, stage, tokenizer)
+            began = time.perf_counter()
+            if ahead is not None:
+                batch = ahead.take(step)
+            else:
+                batch = sample_step(sampler, policy, training, step, not stage.rollout.samples_elsewhere)
+            collected = time.perf_counter()
+            metrics = batch_metrics(batch.sampled, list(stage.envs))
+            if batch.groups:  # empty when dynamic sampling found no group with signal within its draws
+                metrics.update(update(training, reference, batch.groups)[0])
+            updated = time.perf_counter()
+            if ahead is not None:
+                ahead.trained(step + 1)
+            elif publisher is not None and (step + 1) % publisher.every == 0:
+                publisher.publish(model, step + 1)
+            record(training, stage, step, batch, metrics, (began, collected, updated), publisher is not None)
     finally:
-        rollouts.close()
+        if ahead is not None:
+            ahead.close()
+        elif publisher is not None:
+            publisher.retire()  # older versions a request still named when they were replaced
     history = training.history
     last = history[-10:]
     return training.finish({"algorithm": stage.algorithm,
@@ -146,3 +168,19 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
                             "final_accuracy": sum(h["accuracy"] for h in last) / len(last),
                             "first_reward": history[0]["reward"],
                             "completion_tokens": sum(h["tokens"] for h in history)})
+
+
+def record(training, stage: RlStage, step: int, batch: Batch, metrics: dict, times: tuple[float, float, float],
+           publishes: bool) -> None:
+    """The step's metrics: where its time went (sampling and scoring episodes, or waiting for them; the
+    update; publishing the weights), dynamic sampling's draws, the weights' staleness; a samples table
+    to the trackers every `samples_every` steps."""
+    began, collected, updated = times
+    metrics.update(rollout_seconds=collected - began, update_seconds=updated - collected)
+    if stage.dynamic_sampling is not None:
+        metrics.update(kept_groups=len(batch.groups), draws=batch.draws)
+    if publishes:
+        metrics.update(sync_metrics(batch, time.perf_counter() - updated))
+    training.record(step, sum(s.trajectory.completion_tokens for s in batch.sampled), **metrics)
+    if training.trackers.active and (step + 1) % stage.samples_every == 0:
+        training.trackers.log_table(step + 1, sample_rows(batch.sampled))

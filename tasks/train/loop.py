@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 
 from models.loading import enable_activation_checkpointing, load_model
-from tasks.common import checkpointing
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.progress import Progress
-from tasks.common.learner import Learner
-from tasks.common.sharding import SHARDED_TYPES, deepspeed_batches
-from tasks.common.trackers import Trackers
 from tasks.config import DatasetTrainStage, TrainStage
+from tasks.train import checkpointing
+from tasks.train.learner import Learner
+from tasks.train.sharding import SHARDED_TYPES, deepspeed_batches
+from tasks.train.trackers import Trackers
 
 LOG_EVERY = 25
 PROGRESS_METRICS = ("loss", "reward", "accuracy", "reward_accuracy")  # what the progress line shows
@@ -176,7 +176,7 @@ class Training:
     def _show_report(self, step: int, ref: str) -> None:
         """The report so far, its curves inline, for the stage's report artifact in Prefect (best
         effort: a display that fails never fails the stage)."""
-        from tasks.common.curves import report_so_far
+        from tasks.train.curves import report_so_far
 
         if self.ctx.announce_path is None:  # no orchestrator to show it
             return
@@ -195,7 +195,7 @@ class Training:
     def finish(self, metrics: dict) -> dict[str, StageOutput]:
         """The trained model (full weights or adapter, with its tokenizer) and the training report
         (metrics.jsonl, curves.png, report.md) as the stage's outputs."""
-        from tasks.common.curves import write_training_report
+        from tasks.train.curves import write_training_report
 
         out_dir, report_dir = self.ctx.workdir / "checkpoint", self.ctx.workdir / "report"
         self.accelerator.unwrap_model(self.model).save_pretrained(str(out_dir), state_dict=self.gathered_weights())

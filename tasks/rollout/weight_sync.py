@@ -1,4 +1,5 @@
-"""An rl stage publishing its policy's weights to the inference server its rollouts decode on.
+"""A training stage (rl) publishing its policy's weights to the inference server its rollouts decode on
+(`rollout: {backend: server}`'s publisher).
 
 Version v is the policy after v optimizer steps, saved (safetensors) to `rollout.sync_folder/<stage>-v<v>`.
 - **LoRA** (vLLM and serve-model alike): loaded through the runtime LoRA endpoint under the name
@@ -28,8 +29,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tasks.common.endpoint_policy import EndpointError, connection_reason
-from tasks.common.server_policy import ServerPolicy
+from tasks.rollout.endpoint_policy import EndpointError, connection_reason
+from tasks.rollout.server_policy import ServerPolicy
 
 RPC_METHOD = "posttrain_load_weights"
 EXTENSION = "posttrain_vllm_worker.PosttrainWorkerExtension"
@@ -40,10 +41,12 @@ DEV_ROUTES = (f"full-weight sync to vLLM needs VLLM_SERVER_DEV_MODE=1 and --work
 
 
 class WeightSync:
-    """Publishes versions of `model` (the trainer's, unwrapped) to `policy`'s server."""
+    """Publishes versions of `model` (the trainer's, unwrapped) to `policy`'s server, one every `every`
+    optimizer steps."""
 
-    def __init__(self, policy: ServerPolicy, folder: str | Path, stage_id: str, lora: bool):
+    def __init__(self, policy: ServerPolicy, folder: str | Path, stage_id: str, lora: bool, every: int = 1):
         self.policy, self.folder, self.stage_id, self.lora = policy, Path(folder), stage_id, lora
+        self.every = every
         self.published: list[tuple[str, Path]] = []  # (the name requests use, folder): the current version
         self.retiring: list[tuple[str, Path]] = []  # older versions, kept while a request names them
 

@@ -1,6 +1,6 @@
 """`score_episode`: the one scorer of a played episode (rl, generate and evaluate).
 
-An episode is scored on its transcript (tasks/common/rollouts.py: the actions and what the env
+An episode is scored on its transcript (tasks/rollout/episodes.py: the actions and what the env
 answered), its graded outcome and the policy's token ids: the env rubric's rewards and weighted
 total, whether it solved the task, whether it kept the env's format. A doom loop is read on the
 policy's actions alone, never on what the env wrote (search passages and terminal logs repeat by

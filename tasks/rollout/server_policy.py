@@ -1,6 +1,6 @@
 """The policy on an inference server, token in / token out: `rollout: {backend: server}`.
 
-It plugs into `tasks.common.rollouts.roll_out` like the local model. Each running episode's context
+It plugs into `tasks.rollout.episodes.roll_out` like the local model. Each running episode's context
 goes out as token ids to the server's `/v1/completions` (vLLM's token-id prompt; `posttrain
 serve-model` speaks the same), one request per episode with that episode's seed, the requests of
 a turn concurrently so that the server decodes them as one batch. The answer must carry the
@@ -13,9 +13,9 @@ What vLLM would otherwise decide, a request says: every sampling field (a field 
 model's generation_config default, Qwen3's top_k 20 for one), and a max_tokens that fits the context
 the server has left (vLLM answers 400 past `max_model_len`; an episode with no room left ends cut).
 A completion the server aborted is an error, never a stop. The server is checked once before
-anything runs (tasks/common/server_checks.py).
+anything runs (tasks/rollout/server_checks.py).
 
-After a weight sync (tasks/stages/rl/weight_sync.py) requests name the new weights: the published
+After a weight sync (tasks/rollout/weight_sync.py) requests name the new weights: the published
 LoRA adapter's name, or, after a full-weight reload, the same name (serve-model also reports its
 `weights_version`). Every generation records the version that produced it, and the policy counts
 the requests in flight per name, so a sync never retires an adapter a request still names.
@@ -23,7 +23,6 @@ the requests in flight per name, so a sync never retires an adapter a request st
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,12 +30,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from models.sampling import Generation, SamplingParams, before_stop, chat_prompt
-from tasks.common.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
-from tasks.common.rollouts import Context
+from tasks.rollout.endpoint_policy import EndpointError, endpoint_api_key, endpoint_call
+from tasks.rollout.episodes import Context
+from tasks.rollout.server_checks import check_server, returned_tokens
 
 MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
 MAX_N = 64  # choices of one request (serve-model's cap)
-NEEDS = "token ids and log-probs (vLLM >= 0.10.2: return_token_ids; or posttrain serve-model)"
 # every sampling field a request could leave to the server, at the value that leaves the distribution
 # as the trainer scores it (temperature and top_p are the sampling's own)
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": []}
@@ -86,9 +85,7 @@ class ServerPolicy:
 
     def check(self) -> None:
         """Fail now, in one line, unless the server serves the model, returns what rollouts need and
-        reports log-probs as the trainer computes them (tasks/common/server_checks.py)."""
-        from tasks.common.server_checks import check_server
-
+        reports log-probs as the trainer computes them (tasks/rollout/server_checks.py)."""
         check_server(self)
 
     def act(self, episodes: list[int], contexts: list[Context], turn: int, params: SamplingParams,
@@ -188,20 +185,3 @@ def seed_runs(prompts: list[list[int]], seeds: list[int]) -> list[tuple[int, int
         else:
             runs.append((k, 1))
     return runs
-
-
-def returned_tokens(base_url: str, choice, max_tokens: int, vocab: int | None = None) -> tuple[list[int], list[float]]:
-    """The generated ids and their log-probs of an answer's choice, checked: a server (hostile or just
-    another kind) that returns neither, mismatched ones, more than `max_tokens` or ids outside the
-    vocabulary (`vocab`, when known) is an EndpointError, never a guessed row."""
-    token_ids = (choice.model_extra or {}).get("token_ids")
-    logprobs = getattr(choice.logprobs, "token_logprobs", None) if choice.logprobs is not None else None
-    if not isinstance(token_ids, list) or not all(type(i) is int and i >= 0 for i in token_ids):
-        raise EndpointError(f"{base_url}: the answer has no generated token ids; rollouts need {NEEDS}")
-    if len(token_ids) > max_tokens or (vocab is not None and any(i >= vocab for i in token_ids)):
-        raise EndpointError(f"{base_url}: the answer's token ids are not a completion of this model "
-                            f"({len(token_ids)} ids for max_tokens {max_tokens}, vocabulary {vocab})")
-    if not isinstance(logprobs, list) or len(logprobs) != len(token_ids) or not all(
-            isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
-        raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
-    return token_ids, [float(v) for v in logprobs]

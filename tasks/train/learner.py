@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from tasks.common.sharding import equalized, is_sharded, summed_over_processes
+from tasks.train.sharding import equalized, is_sharded, summed_over_processes
 
 PIECE_OVERHEAD_TOKENS = 512  # one more forward + backward costs about as much as this many padded tokens
 SPAN_ROWS = 256  # the longest micro-batch the cut considers: past it, one call's overhead is noise
@@ -62,7 +62,7 @@ class Learner:
 
     @property
     def sharded(self) -> bool:
-        """Weights spread over the processes: every forward and backward is a collective (tasks/common/sharding.py)."""
+        """Weights spread over the processes: every forward and backward is a collective (tasks/train/sharding.py)."""
         return is_sharded(self.model, self.accelerator)
 
     def buckets(self, rows: list, widths: list[tuple[int, ...]]) -> list[list]:
@@ -80,7 +80,7 @@ class Learner:
 
     def equalized(self, pieces: list) -> list[tuple[object, float]]:
         """(piece, weight) of each micro-batch to run; sharded, as many as on the process with the most
-        (zero-weight copies added: tasks/common/sharding.py)."""
+        (zero-weight copies added: tasks/train/sharding.py)."""
         return equalized(pieces, self.sharded, self.accelerator.device)
 
     def shards(self, batch: list) -> int:

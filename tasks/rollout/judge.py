@@ -33,7 +33,7 @@ def verdict(text: str) -> float:
 
 def judge_rows(rows: list[dict], judge, tokenizer, max_workers: int = 4) -> None:
     """Ask the judge about every row (greedy, `judge.max_tokens`); sets each row's `judge`."""
-    from tasks.common.endpoint_policy import EndpointPolicy
+    from tasks.rollout.endpoint_policy import EndpointPolicy
 
     policy = EndpointPolicy.of(judge, tokenizer, "judge")
     params = SamplingParams(judge.max_tokens)

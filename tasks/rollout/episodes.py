@@ -7,7 +7,7 @@ on are exactly the ids it sampled. A single-turn env is the one-turn case of the
 An env may restart an episode's context (Turn.restart, CoD's next task of a pack): the next
 turn's context is then that fresh chat prompt, and the transcript shows a separator and the prompt.
 Each context also keeps the prompt text it started from, so that a policy behind an OpenAI-compatible
-endpoint (tasks/common/endpoint_policy.py) can send it as chat messages.
+endpoint (tasks/rollout/endpoint_policy.py) can send it as chat messages.
 """
 
 from __future__ import annotations

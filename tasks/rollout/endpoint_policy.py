@@ -1,6 +1,6 @@
 """The policy behind an OpenAI-compatible endpoint (`posttrain serve-model`, vLLM, an API model).
 
-It plugs into `tasks.common.rollouts.roll_out` like the local model: every turn, each running episode's
+It plugs into `tasks.rollout.episodes.roll_out` like the local model: every turn, each running episode's
 context goes out as chat messages (its prompt as the user's message; what the policy and the env
 wrote since, if anything, as an assistant message the server continues, vLLM's
 `continue_final_message`), the requests of a batch concurrently. The answers come back as text and
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from artifacts.store import first_line
 from models.sampling import Generation, SamplingParams, before_stop
-from tasks.common.rollouts import Context, ended_ids
+from tasks.rollout.episodes import Context, ended_ids
 
 
 class EndpointError(RuntimeError):

@@ -11,24 +11,23 @@ validate --check-endpoints`), each failure one line naming the endpoint and what
 - Whether it has sampling defaults of its own (vLLM: the model's generation_config, e.g. Qwen3's
   top_k 20): a request that leaves the fields out decodes from another distribution than one that
   sets them. Every rollout request sets every field, so they never apply; the check says so.
-- What it is: vLLM answers /version (full-weight sync differs: tasks/stages/rl/weight_sync.py).
+- What it is: vLLM answers /version (full-weight sync differs: tasks/rollout/weight_sync.py).
 """
 
 from __future__ import annotations
 
 import math
 
-from tasks.common.endpoint_policy import EndpointError, endpoint_call
+from models.sampling import SamplingParams
+from tasks.rollout.endpoint_policy import EndpointError, endpoint_call
 
 PROBE_PROMPT = [0]
+NEEDS = "token ids and log-probs (vLLM >= 0.10.2: return_token_ids; or posttrain serve-model)"
 PROCESSED_FLAG = "start vLLM with --logprobs-mode processed_logprobs"
 
 
 def check_server(policy) -> None:
     """Check `policy`'s server (a ServerPolicy) and record what was found in `policy.server`."""
-    from models.sampling import SamplingParams
-    from tasks.common.server_policy import returned_tokens
-
     version = vllm_version(policy)
     policy.server = {"kind": "vllm", "version": version} if version else {"kind": "other"}
     at_one = probe(policy, SamplingParams(1, temperature=1.0))
@@ -118,3 +117,20 @@ def described(policy) -> str:
     if server.get("own_defaults"):
         parts.append("its own sampling defaults (never applied: each request sets every field)")
     return ", ".join(parts)
+
+
+def returned_tokens(base_url: str, choice, max_tokens: int, vocab: int | None = None) -> tuple[list[int], list[float]]:
+    """The generated ids and their log-probs of an answer's choice, checked: a server (hostile or just
+    another kind) that returns neither, mismatched ones, more than `max_tokens` or ids outside the
+    vocabulary (`vocab`, when known) is an EndpointError, never a guessed row."""
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    logprobs = getattr(choice.logprobs, "token_logprobs", None) if choice.logprobs is not None else None
+    if not isinstance(token_ids, list) or not all(type(i) is int and i >= 0 for i in token_ids):
+        raise EndpointError(f"{base_url}: the answer has no generated token ids; rollouts need {NEEDS}")
+    if len(token_ids) > max_tokens or (vocab is not None and any(i >= vocab for i in token_ids)):
+        raise EndpointError(f"{base_url}: the answer's token ids are not a completion of this model "
+                            f"({len(token_ids)} ids for max_tokens {max_tokens}, vocabulary {vocab})")
+    if not isinstance(logprobs, list) or len(logprobs) != len(token_ids) or not all(
+            isinstance(v, (int, float)) and not math.isnan(v) and v <= 0 for v in logprobs):
+        raise EndpointError(f"{base_url}: the answer has no log-prob for each generated token; rollouts need {NEEDS}")
+    return token_ids, [float(v) for v in logprobs]

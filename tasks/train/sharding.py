@@ -3,7 +3,7 @@
 There every forward and backward of the model is a collective: each process gathers the layers'
 weights from the others and scatters their gradients back. Processes must therefore run as many
 of them, in the same order, or the one that runs fewer waits for the others forever. Three rules
-follow, applied by tasks/common/training.py's Learner and the stages:
+follow, applied by tasks/train/loop.py's Learner and the stages:
 
 - a step's micro-batches are fixed-size pieces of the process's share, one forward each (no length
   buckets, whose number depends on the data), and every process runs as many as the process with

@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from envs.dataset import JudgeReward, JudgeScoring, RewardModelReward
 from models.loading import load_model, load_tokenizer
 from models.sampling import SamplingParams
-from tasks.common.contract_gate import ContractViolation
-from tasks.common.endpoint_policy import EndpointError, EndpointPolicy, endpoint_api_key
-from tasks.common.reward_models import check_same_tokenizer, reward_examples, scores_in_batches
+from tasks.common.errors import ConfigMismatch
+from tasks.rollout.endpoint_policy import EndpointError, EndpointPolicy, endpoint_api_key
+from tasks.rollout.reward_models import check_same_tokenizer, reward_examples, scores_in_batches
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-class JudgeConfigError(ContractViolation, ValueError):
+class JudgeConfigError(ConfigMismatch):
     """A judge that cannot score as configured (it answered no score to the probe); one line, and
     retrying the stage cannot fix it."""
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from models.sampling import SamplingParams
-from tasks.common.rollouts import ScriptedPolicy, roll_out
+from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
 SCRIPT_TOKENS = 4096  # a scripted action is never cut
 CHUNK = 32  # episodes played at once (each sandboxed one holds a sandbox)

@@ -1,5 +1,5 @@
 """What a reward model computes, for the stage that trains one (tasks/stages/reward_model.py) and
-the scorer that rewards with one (tasks/common/learned_rewards.py): a (prompt, answer) through the
+the scorer that rewards with one (tasks/rollout/learned_rewards.py): a (prompt, answer) through the
 chat template as one sequence, its score the scalar head's value at its last token
 (transformers' sequence classification with one label, as TRL's RewardTrainer reads it)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import zlib
 
-from tasks.common.contract_gate import ContractViolation
 from tasks.common.encoding import Example, answer_example, collate
+from tasks.common.errors import ConfigMismatch
 
 SCORE_BATCH = 32
 
@@ -54,5 +54,5 @@ def check_same_tokenizer(reward_tokenizer, policy_tokenizer, where: str) -> None
                                   "model from the policy's base model")
 
 
-class RewardModelMismatch(ContractViolation, ValueError):
+class RewardModelMismatch(ConfigMismatch):
     """A reward model that cannot score this policy's completions (one line; retrying cannot fix it)."""
