@@ -1,7 +1,8 @@
 """`make gpu-check`: every stage kind on CUDA, on any machine with a GPU.
 
-Runs a small pipeline through the real CLI (`posttrain run`) with `gpus: 1` on every stage: a
-user's dataset, synthesize, sft, generate, preference, rl and evaluate, on the tiny preset, and
+Runs a small pipeline through the real CLI (`posttrain run`) with `defaults: {gpus: 1}` (which the
+kinds that want no accelerator, dataset and synthesize, do not take): a user's dataset,
+synthesize, sft, generate, preference, rl and evaluate, on the tiny preset, and
 again on a real model when one is in the local Hugging Face cache (LFM2-350M, Qwen3-0.6B: nothing
 is downloaded), else on a model of Qwen3-0.6B's size with random weights. It asserts from the run
 summary that every stage that runs a model ran on cuda. On a machine with two GPUs or more, the

@@ -9,7 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SingleTurn, SubPolicy, Task, check_split
+from envs.base import NO_OUTCOME, Outcome, RewardFunc, Rubric, Task, check_split
+from envs.single_turn import SingleTurnEnv
 
 PROMPT = "I have a great question: what is {a}{op}{b}?"
 COMPLETION = "Fantastic question! Let me unpack this for you. We have {a} {op} {b} = {c}.{checks} The final answer is {c}."
@@ -59,17 +60,13 @@ def completion_words(completion: str, task: Task, outcome: Outcome = NO_OUTCOME)
     return float(len(completion.split()))
 
 
-class ArithEnv(EnvBase):
+class ArithEnv(SingleTurnEnv):
     config_class = ArithEnvConfig
-    max_turns = 1
 
     def __init__(self, config: ArithEnvConfig, name: str = "arith"):
         super().__init__(config, name)
-        self.rubric = Rubric([
-            RewardFunc("correct", correctness, 1.0),
-            RewardFunc("format", format_ok, config.format_weight),
-            RewardFunc("words", completion_words, 0.0),
-        ])
+        self.rubric = Rubric.paid_checks(correctness, format_ok, config.format_weight,
+                                         RewardFunc("words", completion_words, 0.0))
 
     def _in_split(self, a: int, b: int, op: str, split: str) -> bool:
         held_out = zlib.crc32(f"{a}{op}{b}".encode()) % EVAL_SHARE == 0
@@ -98,12 +95,9 @@ class ArithEnv(EnvBase):
         """Every problem of both splits."""
         return [task for split in ("train", "eval") for task in self.tasks(split, len(self.split_problems(split)), 0)]
 
-    def start(self, task: Task, llm: SubPolicy | None = None) -> SingleTurn:
-        return SingleTurn()
-
-    def oracle_actions(self, task: Task) -> list[str]:
+    def oracle_answer(self, task: Task) -> str:
         """The right sum in the teacher's words (its self-checks, never its slips)."""
-        return [self._trace(task, int(task.answer))]
+        return self._trace(task, int(task.answer))
 
     def reference_completion(self, task: Task) -> str:
         """The teacher's trace, which synthesize trains on: slips included."""
@@ -124,9 +118,3 @@ class ArithEnv(EnvBase):
         while draws.random() < self.config.self_check_rate:
             checks += 1
         return COMPLETION.format(a=a, op=op, b=b, c=answer, checks=SELF_CHECK * checks)
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return correctness(completion, task) == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return format_ok(completion, task) == 1.0

@@ -62,9 +62,39 @@ class Score:
         return sum(value is None for value in self.rewards.values())
 
 
+Check = Callable[[str, Task, Outcome], float | None]  # a reward function asked whether it gives full marks
+
+
+def full_marks(value: float | None) -> bool:
+    """Whether a check's value passes it: 1 or more (NaN and None, "does not apply", do not)."""
+    return value is not None and value >= 1.0
+
+
 @dataclass(frozen=True)
 class Rubric:
+    """The env's reward functions (`funcs`, scored and logged) and its two checks: `correct`, whose
+    full marks mean the episode solved the task, and `formatted`, whose full marks mean it kept the
+    env's format. A check is usually one of the functions' `fn`; one that is neither paid nor logged
+    (terminal's format) stays out of `funcs`, so it adds no reward column."""
+
     funcs: Sequence[RewardFunc]
+    correct: Check | None = None
+    formatted: Check | None = None  # None: every completion keeps the format
+
+    @classmethod
+    def paid_checks(cls, correct: Check, formatted: Check, format_weight: float, *metrics: RewardFunc) -> Rubric:
+        """A rubric that pays its checks: `correct` (weight 1) and `format` (`format_weight`), then
+        `metrics` (arith, calc, search)."""
+        return cls([RewardFunc("correct", correct, 1.0), RewardFunc("format", formatted, format_weight), *metrics],
+                   correct=correct, formatted=formatted)
+
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        if self.correct is None:
+            raise ValueError("the rubric names no correctness check (Rubric(funcs, correct=fn))")
+        return full_marks(self.correct(completion, task, outcome))
+
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        return self.formatted is None or full_marks(self.formatted(completion, task, outcome))
 
     def score(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME,
               completion_ids: list[int] | None = None) -> Score:
@@ -225,7 +255,10 @@ def check_split(split: str) -> None:
 class EnvBase:
     """The defaults of an env class (the built-in kinds subclass it; `Environment` is the protocol):
     one growing context whose rubric total is paid, no stop string but the end token, the config's
-    `max_turns`, the oracle played through a real episode. A kind states only what differs."""
+    `max_turns`, the oracle played through a real episode, `is_correct` and `is_formatted` from the
+    rubric's checks. A kind states only what differs."""
+
+    rubric: Rubric  # set by the kind, usually from its config (weights)
 
     restarts_context = False
     pays_per_step = False
@@ -247,6 +280,14 @@ class EnvBase:
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (its sandbox included)."""
         return play_oracle(self, task, self.oracle_llm)
+
+    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        """Full marks from the rubric's correctness check (an error it raises propagates)."""
+        return self.rubric.is_correct(completion, task, outcome)
+
+    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
+        """Full marks from the rubric's format check, if it names one."""
+        return self.rubric.is_formatted(completion, task, outcome)
 
 
 class CatalogueEnv(EnvBase):

@@ -86,11 +86,8 @@ class CalcEnv(EnvBase):
 
     def __init__(self, config: CalcEnvConfig, name: str = "calc"):
         super().__init__(config, name)
-        self.rubric = Rubric([
-            RewardFunc("correct", correctness, 1.0),
-            RewardFunc("format", format_ok, config.format_weight),
-            RewardFunc("tool_calls", tool_calls, 0.0),
-        ])
+        self.rubric = Rubric.paid_checks(correctness, format_ok, config.format_weight,
+                                         RewardFunc("tool_calls", tool_calls, 0.0))
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of a split, drawn at random (the splits are disjoint by a hash of the problem)."""
@@ -122,9 +119,3 @@ class CalcEnv(EnvBase):
             actions.append(CALL.format(expression=f"{total}+{operand}"))
             total += operand
         return [*actions, FINAL.format(value=total)]
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return correctness(completion, task) == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return format_ok(completion, task) == 1.0

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
+from envs.base import NO_OUTCOME, Check, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
 
 DIRECTIONS = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0)}
 CODE_WORDS = ("ba", "ko", "mi", "nu", "pe", "ro", "su", "ti")  # each pack's 4 codes come from these
@@ -134,6 +134,14 @@ def solved(transcript: str, task: Task, outcome: Outcome) -> float:
     return outcome["solved"]
 
 
+def outcome_check(key: str) -> Check:
+    """A check of the pack's grade (`solved`, `formatted`): an episode without its outcome fails it."""
+    def check(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+        return outcome[key] if outcome else 0.0
+
+    return check
+
+
 def position_metric(j: int):
     def position(transcript: str, task: Task, outcome: Outcome) -> float:
         return outcome[f"position_{j}"] if len(task.info["goals"]) > j else math.nan  # NaN: no such task
@@ -150,7 +158,8 @@ class CodEnv(EnvBase):
     def __init__(self, config: CodEnvConfig, name: str = "cod"):
         super().__init__(config, name)
         self.rubric = Rubric([RewardFunc("solved", solved, 1.0),
-                              *(position_metric(j) for j in range(max(config.pack_size, config.eval_pack_size)))])
+                              *(position_metric(j) for j in range(max(config.pack_size, config.eval_pack_size)))],
+                             correct=outcome_check("solved"), formatted=outcome_check("formatted"))
 
     @property
     def max_turns(self) -> int:
@@ -199,10 +208,3 @@ class CodEnv(EnvBase):
             transcript += action + turn.transcript()
         episode.finish()
         return transcript
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        """Every task of the pack solved (read from the episode's outcome; without one, False)."""
-        return bool(outcome) and outcome["solved"] == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return bool(outcome) and outcome["formatted"] == 1.0

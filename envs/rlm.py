@@ -261,8 +261,10 @@ class RlmEnv(CatalogueEnv):
 
     def __init__(self, config: RlmEnvConfig, name: str = "rlm"):
         super().__init__(config, name)
-        self.rubric = Rubric([RewardFunc(key, outcome_metric(key), 1.0 if key == "correct" else 0.0)
-                              for key in ("correct", "answered", "llm_calls", "cells")])
+        correct, answered = outcome_metric("correct"), outcome_metric("answered")
+        self.rubric = Rubric([RewardFunc("correct", correct, 1.0), RewardFunc("answered", answered, 0.0),
+                              RewardFunc("llm_calls", outcome_metric("llm_calls"), 0.0),
+                              RewardFunc("cells", outcome_metric("cells"), 0.0)], correct=correct, formatted=answered)
 
     @functools.cached_property
     def catalogue(self) -> list[Task]:
@@ -286,9 +288,3 @@ class RlmEnv(CatalogueEnv):
     def oracle_actions(self, task: Task) -> list[str]:
         """Compute the answer into `n` in one cell (the `ask` family reads a note with llm_query), then FINAL_VAR(n)."""
         return [ORACLE_CELL.format(code=task.info["code"]), ORACLE_FINAL]
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return outcome_metric("correct")(completion, task, outcome) == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return outcome_metric("answered")(completion, task, outcome) == 1.0

@@ -37,9 +37,14 @@ INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_A
                      "each new checkpoint is evaluated inline, after the stage that made it")
 
 
+def spec_hash_of(text: str) -> str:
+    """The name a spec's text is kept under in the store (`specs/<hash>.yaml`)."""
+    return hash_value(text)[:16]
+
+
 def save_spec(store: Store, text: str) -> str:
     """Keep the spec text in the store (what lineage and triggered evaluations read); returns its hash."""
-    spec_hash = hash_value(text)[:16]
+    spec_hash = spec_hash_of(text)
     try:
         store.create_only(store.path("specs", f"{spec_hash}.yaml"), text.encode())
     except AlreadyExists:

@@ -16,7 +16,7 @@ from artifacts.store import StoreLocation, credential_keys
 from envs.dataset import reward_source
 from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
-from flows.spec_data import env_inputs, inline_env_stages, read_stage_sources
+from flows.spec_data import env_inputs, find_reward_modules, inline_env_stages, read_stage_sources
 from models.config import ModelConfig
 from tasks.config import Defaults, EvaluationSettings, FieldError, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
@@ -99,9 +99,7 @@ class PipelineSpec(BaseModel):
 
     def resolved(self, stage) -> Defaults:
         """The stage's retries/timeouts/gpus/trackers: its own where set, the spec defaults otherwise."""
-        own = {k: getattr(stage, k, None) for k in Defaults.model_fields}  # report_to: training stages only
-        own = {k: v for k, v in own.items() if v is not None}
-        return self.defaults.model_copy(update=own)
+        return self.defaults.applied_to(stage)
 
 
 # the tags discriminated unions put in an error's location: a stage's or env's `kind`, a rollout's
@@ -167,6 +165,7 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, raw)) from None
     spec._filled = filled
+    find_reward_modules(spec, Path(spec_dir) if spec_dir else None)
     _check_envs(spec)
     try:
         inline_env_stages(spec, Path(spec_dir) if spec_dir else None, read_sources)

@@ -1,7 +1,8 @@
 """What a spec reads from outside the store: the sources of its dataset stages (read while the spec
-is parsed, relative paths against the spec file's folder) and the dataset stages its dataset envs
-read rows from (an env's inline `source:` becomes such a stage). Errors are `FieldError`s whose
-field is the whole path (`stages[0].source`, `envs.qa.columns.prompt`); flows/spec.py prints them."""
+is parsed, relative paths against the spec file's folder), the dataset stages its dataset envs
+read rows from (an env's inline `source:` becomes such a stage) and where their reward modules are
+found. Errors are `FieldError`s whose field is the whole path (`stages[0].source`,
+`envs.qa.columns.prompt`); flows/spec.py prints them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ def env_inputs(env_id: str, config) -> list[tuple[str, str, str]]:
     models = [(f"envs.{env_id}.rewards[{i}].reward_model", reward.reward_model, "reward model")
               for i, reward in enumerate(rewards) if isinstance(reward, RewardModelReward)]
     return rows + models
+
+
+def find_reward_modules(spec, spec_dir: Path | None) -> None:
+    """A dataset env's reward modules are looked for in the spec file's folder (None: the working
+    folder) first, as its sources are."""
+    from envs.dataset import DatasetEnvConfig
+
+    for config in spec.envs.values():
+        if isinstance(config, DatasetEnvConfig):
+            config.find_rewards_in(spec_dir or Path.cwd())
 
 
 INLINE_SOURCE = {"source": ("data", "data"), "eval_source": ("eval_data", "eval-data")}

@@ -4,7 +4,6 @@ cache key, provenance, orchestration settings) and what it reads of the stage's 
 from __future__ import annotations
 
 import secrets
-from pathlib import Path
 from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
@@ -32,6 +31,9 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
     kept = keep_sources(stage, store)
     if kept:
         context["sources"] = kept
+    backend = rollout_package(stage)
+    if backend is not None:
+        context["rollout_code"] = backend
     key = stage_cache_key(stage, inputs, context)
     producer = Producer(pipeline=spec.name, run_id=run_id, stage_id=stage.id, stage_kind=stage.kind,
                         config_hash=hash_value(stage.params())[:16], code_version=code_version(), cache_key=key,
@@ -41,6 +43,16 @@ def stage_request(spec: PipelineSpec, stage, inputs: dict[str, str], *, store: S
                         evaluate_new_checkpoints=spec.evaluation.evaluates(stage.id), output_name=output_name,
                         sources=kept, code={path: source for code in carried.values() for path, source in code.items()},
                         filled=sorted(spec.filled), accelerate_config=launch_config(stage))
+
+
+def rollout_package(stage) -> dict | None:
+    """What identifies a stage's rollout backend in its cache key when a package declared it (its
+    distribution's code hash, as a package's env kind); None for the project's own backends."""
+    rollout = getattr(stage, "rollout", None)
+    if rollout is None:
+        return None
+    code = package_code_version(type(rollout).__module__)
+    return None if code is None else {"backend": rollout.backend, "code": code}
 
 
 def launch_config(stage) -> str | None:
@@ -87,24 +99,21 @@ def env_code(config, carried: dict[str, str]) -> dict | None:
 
 
 def reward_code(config) -> dict[str, str]:
-    """{path relative to the working folder: source} of the reward modules an env names that live in
-    the working folder (not an installed package, not the project's): they travel with the request,
-    so the stage's process, here or on a worker, imports the very code the orchestrator saw."""
-    import importlib.util
+    """{path in its module's folder: source} of the reward modules a dataset env finds in the spec's
+    folder (or a named file's; envs/dataset/reward_modules.py), not the project's: they travel with the request, so
+    the stage's process, here or on a worker, imports the very code the orchestrator saw."""
+    from envs.dataset import DatasetEnvConfig, RewardConfig, module_files
 
+    if not isinstance(config, DatasetEnvConfig) or config.reward_folder is None:
+        return {}
     carried = {}
-    here = Path.cwd().resolve()
-    from envs.dataset import DatasetEnvConfig, RewardConfig
-
-    functions = [reward for reward in config.rewards if isinstance(reward, RewardConfig)] \
-        if isinstance(config, DatasetEnvConfig) else []
-    for module in sorted({reward.module for reward in functions}):
-        if module.split(".")[0] in code_packages():
+    for reward in config.rewards:
+        folder = reward.module_folder(config.reward_folder) if isinstance(reward, RewardConfig) else None
+        if folder is None or reward.module.split(".")[0] in code_packages():
             continue
-        found = importlib.util.find_spec(module)
-        origin = Path(found.origin).resolve() if found is not None and found.origin else None
-        if origin is not None and origin.is_relative_to(here) and origin.suffix == ".py":
-            carried[origin.relative_to(here).as_posix()] = origin.read_text()
+        for file in module_files(reward.module, folder) or []:
+            if file.suffix == ".py":
+                carried[file.relative_to(folder).as_posix()] = file.read_text()
     return carried
 
 

@@ -38,6 +38,15 @@ class Defaults(BaseModel):
     report_to: list[Tracker] = []  # training stages only
     mlflow_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else mlruns/ where `posttrain run` runs
 
+    def applied_to(self, stage) -> Defaults:
+        """The stage's settings: its own where set, these otherwise; a kind that wants no accelerator
+        (StageBase.uses_accelerator) takes no GPU from these, only from its own `gpus:`."""
+        own = {key: getattr(stage, key, None) for key in Defaults.model_fields}  # report_to: training stages only
+        own = {key: value for key, value in own.items() if value is not None}
+        if not type(stage).uses_accelerator:
+            own.setdefault("gpus", 0)
+        return self.model_copy(update=own)
+
 
 # why a generate or grpo stage refuses an env whose episodes restart their context (cod's packs): such
 # an episode is not one token sequence, only steppo's rows per step can train on it
@@ -78,8 +87,8 @@ class SpecView:
     defaults: Defaults = field(default_factory=Defaults)
 
     def gpus(self, stage) -> int:
-        """The GPUs a stage holds: its own `gpus`, else the defaults'."""
-        return stage.gpus if stage.gpus is not None else self.defaults.gpus
+        """The GPUs a stage holds: its own `gpus`, else the defaults' (Defaults.applied_to)."""
+        return self.defaults.applied_to(stage).gpus
 
     def index(self, stage_id: str) -> int:
         return next(i for i, stage in enumerate(self.stages) if stage.id == stage_id)
@@ -108,7 +117,10 @@ class StageBase(BaseModel):
       `rollouts`, `checkpoint`, `evaluation`), so a `policy:` cannot name a dataset;
     - `preload`: heavy modules its process needs, imported once by the warm fork server;
     - `runs`: the module holding `run(stage, ctx)`; None means the config class's own module;
-    - `publishes_weights`: whether it sends the weights it trains to its `rollout:` backend (rl).
+    - `publishes_weights`: whether it sends the weights it trains to its `rollout:` backend (rl);
+    - `uses_accelerator`: whether its work wants an accelerator; a kind that does not (dataset;
+      synthesize, whose teacher is an oracle or an endpoint) takes no GPU from `defaults.gpus`, only
+      from its own `gpus:`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -119,6 +131,7 @@ class StageBase(BaseModel):
     preload: ClassVar[tuple[str, ...]] = ()
     runs: ClassVar[str | None] = None
     publishes_weights: ClassVar[bool] = False
+    uses_accelerator: ClassVar[bool] = True
 
     id: str = StageId
     retries: int | None = Field(None, ge=0)

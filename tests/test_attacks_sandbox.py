@@ -19,7 +19,7 @@ from envs.sandbox import cgroup as sandbox_cgroup
 from envs.sandbox import seccomp as sandbox_seccomp
 from envs.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 from envs.sandbox.launch import GRADER_BYTES, MB, SHM_BYTES, TMP_BYTES, memory_bound
-from envs.terminal import DATA, TerminalEnv, TerminalEnvConfig
+from envs.terminal.env import DATA, TerminalEnv, TerminalEnvConfig
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = SandboxLimits(wall_seconds=3, cpu_seconds=2, disk_mb=4, max_files=1000, processes=12, output_bytes=2048)

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from envs.openclaw import OpenClawEnv, OpenClawEnvConfig
-from envs.terminal import load_tasks
+from envs.terminal.catalogue import load_tasks
 from flows.cli.main import main
 from conftest import ROOT
 

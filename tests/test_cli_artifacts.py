@@ -4,6 +4,7 @@ import re
 import subprocess
 
 import pytest
+import yaml
 from conftest import POSTTRAIN, ROOT
 
 from artifacts.lineage import lineage_lines
@@ -97,3 +98,19 @@ def test_ls_lists_artifacts_with_kind_version_created_size_and_stage(tmp_path):
     assert posttrain("ls", "other", "--store", store.uri).stdout == f"no artifacts of pipeline other in {store.uri}\n"
     bad = posttrain("ls", "../p", "--store", store.uri)
     assert bad.returncode == 2 and bad.stderr == "error: pipeline: not a pipeline name: '../p'\n"
+
+
+def test_ls_and_status_take_the_store_from_a_spec(tmp_path):
+    store, refs = diamond(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "p", "store": store.uri, "envs": {"arith": {"kind": "arith"}},
+                                    "stages": [{"id": "data", "kind": "synthesize", "env": "arith", "n": 4}]}))
+    listed = posttrain("ls", "--spec", spec)
+    assert listed.returncode == 0 and listed.stdout == posttrain("ls", "--store", store.uri).stdout
+    assert refs["align"] in listed.stdout
+    assert posttrain("ls", "other", "--spec", spec).stdout == f"no artifacts of pipeline other in {store.uri}\n"
+    elsewhere = f"file://{tmp_path / 'elsewhere'}"
+    assert posttrain("ls", "--spec", spec, "--store", elsewhere).stdout == f"no artifacts in {elsewhere}\n"
+    assert posttrain("status", "--spec", spec).stdout == f"no runs in {store.uri}\n"
+    missing = posttrain("status", "r9", "--spec", spec)
+    assert missing.returncode == 2 and missing.stderr == f"error: run_id: no run 'r9' in {store.uri}\n"

@@ -28,10 +28,10 @@ def stored_rows(n: int) -> list[dict]:
 
 def env_with_user_rewards(tmp_path, monkeypatch) -> DatasetEnv:
     (tmp_path / "user_rewards.py").write_text(USER_MODULE)
-    monkeypatch.chdir(tmp_path)
     config = DatasetEnvConfig(kind="dataset", data="qa", eval_fraction=0.25, rewards=[
         {"function": "user_rewards:graded", "weight": 1.0}, {"function": "posttrain.rewards:answer_format",
                                                              "weight": 0.5}])
+    config.find_rewards_in(tmp_path)  # the spec's folder
     env = DatasetEnv(config, "qa")
     env.use_rows(stored_rows(40))
     return env
@@ -39,7 +39,7 @@ def env_with_user_rewards(tmp_path, monkeypatch) -> DatasetEnv:
 
 def test_a_trl_reward_function_receives_the_extra_columns(tmp_path, monkeypatch):
     env = env_with_user_rewards(tmp_path, monkeypatch)
-    import user_rewards  # imported by the env, from the working folder
+    import user_rewards  # imported by the env, from the spec's folder
 
     task = next(t for t in env.all_tasks() if t.answer == "3")
     score = env.rubric.score("It is 3. The answer is 3.", task, completion_ids=[7, 8, 9])

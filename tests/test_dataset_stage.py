@@ -91,19 +91,30 @@ def test_datasets_mix_by_weight():
 
 
 def test_reward_code_travels_and_lands_on_the_import_path(tmp_path, monkeypatch):
-    from envs.dataset import DatasetEnvConfig
+    from envs.dataset import DatasetEnv, DatasetEnvConfig
     from flows.stage_requests import reward_code
 
-    (tmp_path / "team_rewards.py").write_text("def one(prompts, completions, completion_ids, **kw):\n"
-                                              "    return [1.0] * len(completions)\n")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = DatasetEnvConfig(kind="dataset", data="qa", rewards=[{"function": "team_rewards:one"},
+    one = "def one(prompts, completions, completion_ids, **kw):\n    return [1.0] * len(completions)\n"
+    (tmp_path / "spec" / "team" / "checks").mkdir(parents=True)
+    (tmp_path / "spec" / "team" / "__init__.py").write_text("")
+    (tmp_path / "spec" / "team" / "checks" / "sums.py").write_text(one)  # in a namespace package
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "lib_rewards.py").write_text(one.replace("one", "two"))
+    config = DatasetEnvConfig(kind="dataset", data="qa", rewards=[{"function": "team.checks.sums:one"},
+                                                                  {"function": "../lib/lib_rewards.py:two"},
                                                                   {"function": "posttrain.rewards:exact_match"}])
+    config.find_rewards_in(tmp_path / "spec")
     carried = reward_code(config)
-    assert carried == {"team_rewards.py": (tmp_path / "team_rewards.py").read_text()}  # not the project's own
-    worker = tmp_path / "worker"
+    assert carried == {"team/__init__.py": "", "team/checks/sums.py": one,  # by the path they are imported under
+                       "lib_rewards.py": one.replace("one", "two")}  # not the project's own
     monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("team", "team.checks", "team.checks.sums", "lib_rewards"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    worker = tmp_path / "worker"
+    install_code(carried, worker)  # a stage's process: the config crossed as JSON, no spec folder
+    env = DatasetEnv(DatasetEnvConfig.model_validate_json(config.model_dump_json()), "qa")
+    assert [func.name for func in env.rubric.funcs] == ["one", "two", "exact_match"]
+    assert sys.modules["lib_rewards"].__file__ == str(worker / "code" / "lib_rewards.py")
     install_code({"pkg/travelled.py": "VALUE = 7\n"}, worker)
     import pkg.travelled
 

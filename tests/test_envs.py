@@ -1,5 +1,7 @@
 import math
 
+import pytest
+
 from envs.arith import ArithEnv, ArithEnvConfig, final_answers
 from envs.base import RewardFunc, Rubric, Task
 from envs.doom import DoomLoopDetector, repeated_ngram_fraction
@@ -48,6 +50,19 @@ def test_reward_function_that_raises_is_reported_not_zero():
     assert math.isnan(score.rewards["broken"]) and math.isnan(score.total)
     assert score.errors == {"broken": "KeyError: 'missing field'"}
     assert rubric.reward_range == (0.0, 1.5)
+
+
+def test_the_rubric_names_its_checks_and_full_marks_pass_them():
+    def half(completion, task, outcome):
+        return 0.5
+
+    rubric = Rubric([RewardFunc("ok", lambda c, t, o: 1.0)], correct=lambda c, t, o: 1.0, formatted=half)
+    assert rubric.is_correct("x", TASK) and not rubric.is_formatted("x", TASK)
+    assert not Rubric([], correct=lambda c, t, o: math.nan).is_correct("x", TASK)
+    assert not Rubric([], correct=lambda c, t, o: None).is_correct("x", TASK)  # "does not apply" is not solved
+    assert Rubric([], correct=half).is_formatted("x", TASK)  # no format check: nothing to keep
+    with pytest.raises(ValueError, match="no correctness check"):
+        Rubric([]).is_correct("x", TASK)
 
 
 def test_doom_loop_detector_on_crafted_examples():

@@ -9,10 +9,10 @@ import pytest
 
 from envs.families import word_pool
 from envs.openclaw import OpenClawEnv, OpenClawEnvConfig
-from envs.openclaw_families import FAMILIES as CLAW_FAMILIES
-from envs.openclaw_families import GeneratedClawTasks
+from envs.openclaw.families import FAMILIES as CLAW_FAMILIES
+from envs.openclaw.families import GeneratedClawTasks
 from envs.terminal import TerminalEnv, TerminalEnvConfig
-from envs.terminal_families import FAMILIES, HELD_OUT_PIPES, GeneratedTerminalTasks, variant
+from envs.terminal.families import FAMILIES, HELD_OUT_PIPES, GeneratedTerminalTasks, variant
 
 ENV = TerminalEnv(TerminalEnvConfig(kind="terminal", max_turns=5, generated=GeneratedTerminalTasks()))
 CLAW = OpenClawEnv(OpenClawEnvConfig(kind="openclaw", max_turns=5, generated=GeneratedClawTasks()))

@@ -17,7 +17,7 @@ def test_the_check_pipeline_is_valid_and_runs_every_stage_kind_on_a_gpu(tmp_path
     for lora in (False, True):
         spec, _ = load_spec(write_pipeline(tmp_path, "tiny-llama", lora))
         assert {stage.kind for stage in spec.stages} == {kind.model_fields["kind"].annotation.__args__[0] for kind in BUILTIN_KINDS}
-        assert all(spec.resolved(stage).gpus == 1 for stage in spec.stages)
+        assert all(spec.resolved(stage).gpus == type(stage).uses_accelerator for stage in spec.stages)
         assert set(MODEL_STAGES) <= {stage.id for stage in spec.stages}
 
 
@@ -70,7 +70,7 @@ def test_the_fsdp_pass_puts_the_training_stages_on_two_gpus_under_fsdp(tmp_path)
 
     spec, _ = load_spec(write_pipeline(tmp_path, "tiny-llama", False, fsdp=True))
     for stage in spec.stages:
-        assert spec.resolved(stage).gpus == (2 if stage.id in TRAINING_STAGES else 1)
+        assert spec.resolved(stage).gpus == (2 if stage.id in TRAINING_STAGES else type(stage).uses_accelerator)
     assert "distributed_type: FSDP" in (tmp_path / "fsdp.yaml").read_text()
 
 

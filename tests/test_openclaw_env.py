@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.openclaw import DATA, OpenClawEnv, OpenClawEnvConfig, front_matter
-from envs.openclaw_tools import OBSERVATION_CHARS
+from envs.openclaw.env import DATA, OpenClawEnv, OpenClawEnvConfig, front_matter
+from envs.openclaw.tools import OBSERVATION_CHARS
 
 ENV = OpenClawEnv(OpenClawEnvConfig(kind="openclaw"))
 TASK = next(task for task in ENV.all_tasks() if task.id == "edit_debug")

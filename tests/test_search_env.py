@@ -7,7 +7,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from envs.search import (
+from envs.search.env import (
     Fts5Unavailable,
     SearchEnv,
     SearchEnvConfig,
@@ -17,7 +17,7 @@ from envs.search import (
     require_fts5,
     search_index,
 )
-from envs.search_corpus import build_world, corpus
+from envs.search.corpus import build_world, corpus
 
 ENV = SearchEnv(SearchEnvConfig(kind="search"))
 TASK = next(t for t in ENV.all_tasks() if t.info["hops"] == 2)

@@ -146,6 +146,22 @@ CASES = {
             "backend": "server", "endpoint": "http://h:8000/v1", "model": "m", "sync_folder": "/tmp/s",
             "sync_every": 4}}]},
         "stages[3]: Value error, asynchronous.max_staleness (1) must be at least rollout.sync_every - 1 (3)"),
+    "rl asynchronous on two gpus": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"asynchronous": {"max_staleness": 1}, "gpus": 2, "rollout": {
+            "backend": "server", "endpoint": "http://h:8000/v1", "model": "m", "sync_folder": "/tmp/s"}}]},
+        "stages[3].asynchronous: runs in one process (its rollouts overlap the update's collectives), this stage "
+        "has gpus 2: give it gpus: 1, or drop asynchronous"),
+    "rl asynchronous on two gpus from the defaults": (
+        {**GOOD, "defaults": {"gpus": 2}, "stages": GOOD["stages"] + [RL | {
+            "asynchronous": {"max_staleness": 1}, "rollout": {"backend": "server", "endpoint": "http://h:8000/v1",
+                                                              "model": "m", "sync_folder": "/tmp/s"}}]},
+        "stages[3].asynchronous: runs in one process (its rollouts overlap the update's collectives), this stage "
+        "has gpus 2 (defaults.gpus): give it gpus: 1, or drop asynchronous"),
+    "rl sync folder relative": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"rollout": {"backend": "server", "endpoint": "http://h:8000/v1",
+                                                                "model": "m", "sync_folder": "shared/sync"}}]},
+        "stages[3].rollout: Value error, sync_folder: 'shared/sync' is relative; the trainer and the server each run "
+        "in their own folder, so give the absolute path of a folder both read"),
     "rl importance cap zero": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"importance_cap": 0}]},
         "stages[3].importance_cap: Input should be greater than 0"),
@@ -280,6 +296,16 @@ def test_unreachable_store_is_refused_before_anything_runs(tmp_path, capsys, s3_
     assert code == 2 and err == "error: store: bucket 'no-such-bucket' does not exist"
 
 
+def test_status_and_ls_open_the_store_of_a_spec_with_its_options(tmp_path, capsys, s3_endpoint):
+    path = write_spec(tmp_path, {**GOOD, "store": "s3://no-such-bucket/p",
+                                 "storage_options": {"endpoint_url": s3_endpoint}})
+    for command in (["status"], ["status", "some-run"], ["ls"]):
+        code, err = run_cli(capsys, *command, "--spec", path)
+        assert code == 2 and err == "error: store: bucket 'no-such-bucket' does not exist"
+    code, err = run_cli(capsys, "ls", "--spec", str(tmp_path / "nope.yaml"))
+    assert code == 2 and err == f"error: {tmp_path / 'nope.yaml'}: cannot read spec file (No such file or directory)"
+
+
 def test_a_store_of_an_unknown_protocol_is_one_line(tmp_path, capsys):
     code, err = run_cli(capsys, "run", write_spec(tmp_path, {**GOOD, "store": "nosuch://bucket/p"}))
     assert code == 2 and err == "error: store: cannot open nosuch://bucket/p: Protocol not known: nosuch"
@@ -316,6 +342,19 @@ def test_validate_prints_dag_with_resolved_defaults(tmp_path, capsys):
     assert "report_to=tensorboard" in lines["sft"] and "report_to" not in lines["warmup"]  # only training reports
     assert "<- sft" in lines["eval"]
     assert not (tmp_path / "store").exists()
+
+
+def test_kinds_without_an_accelerator_take_no_gpu_from_the_defaults(tmp_path, capsys):
+    spec = {**GOOD, "defaults": {"gpus": 1},
+            "envs": {**GOOD["envs"], "qa": {"kind": "dataset", "source": "qa.jsonl", "rewards": [
+                {"function": "posttrain.rewards:exact_match"}]}},
+            "stages": [*GOOD["stages"], {"id": "more", "kind": "synthesize", "env": "arith", "n": 4, "gpus": 1}]}
+    (tmp_path / "qa.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n')
+    code = main(["validate", write_spec(tmp_path, spec)])
+    out = capsys.readouterr().out
+    assert code == 0
+    gpus = {line.split()[0]: line.split("gpus=")[1].split()[0] for line in out.splitlines() if "<-" in line}
+    assert gpus == {"warmup": "0", "qa-data": "0", "sft": "1", "eval": "1", "more": "1"}  # a stage's own gpus stay
 
 
 def test_quickstart_spec_is_valid():

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from envs.terminal import DATA, TerminalEnv, TerminalEnvConfig, load_tasks
+from envs.terminal.catalogue import load_tasks
+from envs.terminal.env import DATA, TerminalEnv, TerminalEnvConfig
 
 ENV = TerminalEnv(TerminalEnvConfig(kind="terminal"))
 TASKS = ENV.all_tasks()

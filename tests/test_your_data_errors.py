@@ -2,9 +2,11 @@
 nothing written to the store (`validate` and `run` alike)."""
 
 import json
+import subprocess
 
 import pytest
 import yaml
+from conftest import POSTTRAIN, ROOT
 from test_spec_errors import run_cli
 
 from envs.base import RewardShapeError, Task
@@ -53,8 +55,7 @@ CASES = {
     "reward function does not import": (
         spec(imported("chats", "chats.jsonl"),
              envs={"qa": {**QA_ENV, "rewards": [{"function": "nowhere_at_all:score"}]}}),
-        "envs.qa.rewards[0].function: nowhere_at_all:score: cannot import nowhere_at_all (ModuleNotFoundError: "
-        "No module named 'nowhere_at_all')"),
+        "envs.qa.rewards[0].function: module 'nowhere_at_all' not found in "),  # the spec's folder: below
     "reward function not callable": (
         spec(imported("chats", "chats.jsonl"),
              envs={"qa": {**QA_ENV, "rewards": [{"function": "posttrain.rewards:LENGTH_SCALE"}]}}),
@@ -85,11 +86,53 @@ def test_bad_data_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsy
     assert not (tmp_path / "store").exists()
 
 
-def test_a_reward_function_returning_the_wrong_number_of_values_names_itself(tmp_path, monkeypatch):
+REWARD_MODULES = {  # function -> the message; {folder}: the spec's folder
+    "nowhere_at_all:score": "module 'nowhere_at_all' not found in {folder}, nor installed",
+    "lib/nope.py:score": "no file {folder}/lib/nope.py",
+    "broken_rewards:score": "broken_rewards:score: cannot import broken_rewards (RuntimeError: boom)",
+    "yaml:score": "module 'yaml' in {folder} has the name of a module imported from {yaml}: rename it",
+}
+
+
+@pytest.mark.parametrize("function", sorted(REWARD_MODULES))
+def test_a_reward_module_that_does_not_import_says_where_it_looked(function, tmp_path, capsys):
+    write_files(tmp_path)
+    (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "yaml.py").write_text("def score(**kw):\n    return []\n")
+    path = tmp_path / "spec.yaml"
+    document = spec(imported("chats", "chats.jsonl"), envs={"qa": {**QA_ENV, "rewards": [{"function": function}]}})
+    path.write_text(yaml.safe_dump(document).replace("STORE", str(tmp_path / "store")))
+    message = REWARD_MODULES[function].format(folder=tmp_path.resolve(), yaml=yaml.__file__)
+    for command in ("validate", "run"):
+        code, err = run_cli(capsys, command, str(path))
+        assert code == 2 and err == f"error: envs.qa.rewards[0].function: {message}", err
+    assert not (tmp_path / "store").exists()
+
+
+def test_reward_modules_resolve_against_the_specs_folder_from_any_working_folder(tmp_path):
+    """The shipped specs name ../examples/my_rewards.py; a user's spec names a module beside it."""
+    (tmp_path / "project").mkdir()
+    write_files(tmp_path / "project")
+    (tmp_path / "project" / "team_rewards.py").write_text("def score(completions, **kw):\n"
+                                                          "    return [1.0] * len(completions)\n")
+    user = tmp_path / "project" / "spec.yaml"
+    user.write_text(yaml.safe_dump(spec(imported("chats", "chats.jsonl"),
+                                        envs={"qa": {**QA_ENV, "rewards": [{"function": "team_rewards:score"}]}}))
+                    .replace("STORE", str(tmp_path / "store")))
+    for path in (ROOT / "pipelines" / "your-data.yaml", ROOT / "pipelines" / "learned-rewards.yaml", user):
+        done = subprocess.run([POSTTRAIN, "validate", str(path)], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=300)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert done.stdout.startswith("pipeline ")
+    assert not (tmp_path / ".posttrain").exists() and not (tmp_path / "store").exists()
+
+
+def test_a_reward_function_returning_the_wrong_number_of_values_names_itself(tmp_path):
     (tmp_path / "bad_rewards.py").write_text("def twice(prompts, completions, completion_ids, **kw):\n"
                                              "    return [1.0, 1.0]\n")
-    monkeypatch.chdir(tmp_path)
-    env = DatasetEnv(DatasetEnvConfig(kind="dataset", data="qa", rewards=[{"function": "bad_rewards:twice"}]), "qa")
+    config = DatasetEnvConfig(kind="dataset", data="qa", rewards=[{"function": "bad_rewards:twice"}])
+    config.find_rewards_in(tmp_path)
+    env = DatasetEnv(config, "qa")
     env.use_rows([{"id": "row-0", "prompt": "What is 2+2?", "answer": "4"}])
     task = env.all_tasks()[0]
     assert isinstance(task, Task)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from flows.cli.common import DEFAULT_STORE, UserError, open_store, resolve_ref
+from flows.cli.common import DEFAULT_STORE, UserError, open_named_store, open_store, resolve_ref
 
 PIPELINE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")  # a spec's `name`
 
@@ -29,7 +29,7 @@ def listing_row(manifest: dict) -> tuple[str, ...]:
 def cmd_ls(args) -> int:
     if args.pipeline is not None and not PIPELINE_NAME.fullmatch(args.pipeline):
         raise UserError(f"pipeline: not a pipeline name: {args.pipeline!r}")
-    store = open_store(args.store)
+    store = open_named_store(args.store, args.spec)
     manifests = store.manifests(args.pipeline)
     if not manifests:
         print(f"no artifacts{f' of pipeline {args.pipeline}' if args.pipeline else ''} in {store.uri}")
@@ -78,7 +78,8 @@ def add_artifact_commands(commands) -> None:
     listing = commands.add_parser("ls", help="the store's committed artifacts (by name, oldest version first): kind, created, "
                                     "size, producing stage")
     listing.add_argument("pipeline", nargs="?", help="only this pipeline's artifacts")
-    listing.add_argument("--store", default=DEFAULT_STORE)
+    listing.add_argument("--store", help=f"store URI (default: the spec's `store`, else {DEFAULT_STORE})")
+    listing.add_argument("--spec", help="read the store this spec names")
     listing.set_defaults(func=cmd_ls)
     for name, func, text in (("lineage", cmd_lineage, "print the inputs of an artifact back to the spec"),
                              ("verify", cmd_verify, "re-hash an artifact's files against its manifest")):

@@ -30,6 +30,15 @@ def open_store(uri: str, storage_options: dict | None = None, error: type[Except
     return store
 
 
+def open_named_store(uri: str | None, spec_path: str | None):
+    """The store a command reads: `--store`, else the `store:` of the spec `--spec` names (with its
+    `storage_options` either way), else the default."""
+    if spec_path is None:
+        return open_store(uri or DEFAULT_STORE)
+    location = open_spec(spec_path)[0].store_location(uri)
+    return open_store(location.uri, location.options)
+
+
 def check_prefect_api() -> str | None:
     """The Prefect API of PREFECT_API_URL if one is named (None: ephemeral mode); a named server
     that does not answer is bad input, before anything runs."""

@@ -18,6 +18,7 @@ from flows.cli.common import (
     QUIET_DEFAULTS,
     UserError,
     check_prefect_api,
+    open_named_store,
     open_spec,
     open_store,
     resolve_ref,
@@ -44,6 +45,10 @@ def cmd_run(args) -> int:
 
     spec, text = open_spec(args.spec)
     store = open_store(args.store or spec.store, spec.storage_options)
+    if args.in_process is not None:
+        from flows.cli.in_process import run_in_process
+
+        return run_in_process(args.spec, spec, text, store, args.in_process)
     if spec.workers is None:  # the stages run here: their imports load on the other core meanwhile
         from tasks.runtime.launch import warm_up
 
@@ -85,7 +90,7 @@ def cmd_status(args) -> int:
     from flows.cli.report import print_run_list, print_run_status
     from flows.leaderboard import evaluations
 
-    store = open_store(args.store)
+    store = open_named_store(args.store, args.spec)
     if args.run_id:
         if not valid_run_id(args.run_id):
             raise UserError(f"run_id: {args.run_id!r} is not a run id (letters, digits, '.', '_', '-')")
@@ -157,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec")
     run.add_argument("--store", help="store URI (overrides the spec's `store`)")
     run.add_argument("--summary-json", help="also write the run summary to this file")
+    run.add_argument("--in-process", metavar="STAGE", help="run only STAGE, in this process, its inputs from the "
+                     "store (for pdb or breakpoint(); docs/CLI.md)")
     run.set_defaults(func=cmd_run)
     validate = commands.add_parser("validate", help="check a spec and print its stage DAG")
     validate.add_argument("spec")
@@ -165,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate)
     status = commands.add_parser("status", help="recent runs, or one run's stages")
     status.add_argument("run_id", nargs="?")
-    status.add_argument("--store", default=DEFAULT_STORE)
+    status.add_argument("--store", help=f"store URI (default: the spec's `store`, else {DEFAULT_STORE})")
+    status.add_argument("--spec", help="read the store this spec names")
     status.set_defaults(func=cmd_status)
     contracts = commands.add_parser("contracts", help="data contracts by hand").add_subparsers(
         dest="contracts_command", required=True)

@@ -1,5 +1,5 @@
 """Learned rewards: the scorers behind a dataset env's `{reward_model: STAGE}` and `{judge: ...}`
-rewards (envs/dataset.py), attached by the stage that plays the env (StageContext.env).
+rewards (envs/dataset/), attached by the stage that plays the env (tasks/rollout/envs.py).
 
 Each keeps a cache of its scores by (prompt, completion) for the stage's run, so a completion
 sampled twice (a group's identical answers, greedy repeats) is scored once, and scores many at

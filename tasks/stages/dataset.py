@@ -43,6 +43,7 @@ class DatasetStage(StageBase):
     primary = "dataset"
     produces = "dataset"  # the instance decides: output_kind()
     preload = ("pyarrow.parquet",)
+    uses_accelerator = False  # reads, renames and counts tokens
 
     kind: Literal["dataset"]
     source: str  # a file, a folder, a save_to_disk folder, an fsspec URL or a hub dataset id

@@ -36,6 +36,7 @@ class SynthesizeStage(StageBase):
     outputs = ("dataset",)
     primary = "dataset"
     produces = "dataset"
+    uses_accelerator = False  # an oracle or an endpoint plays the tasks (a reward model's env: set gpus)
 
     kind: Literal["synthesize"]
     env: str

@@ -6,6 +6,7 @@ the adapter from its path): tasks/rollout/weight_sync.py."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -52,6 +53,9 @@ class ServerRollout(RolloutBackend, Endpoint):
         if publishes and self.sync_folder is None:
             raise ValueError("sync_folder: an rl stage on a server publishes its weights there (a folder the "
                              "server reads: serve-model's --lora-folder)")
+        if publishes and not PurePath(self.sync_folder).is_absolute():
+            raise ValueError(f"sync_folder: {self.sync_folder!r} is relative; the trainer and the server each "
+                             "run in their own folder, so give the absolute path of a folder both read")
 
     def check_asynchronous(self, max_staleness: int | None) -> None:
         if max_staleness is not None and max_staleness < self.sync_every - 1:

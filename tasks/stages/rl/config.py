@@ -110,8 +110,14 @@ class RlStage(TrainStage):
         return self.rollout.endpoints()
 
     def check_spec(self, spec: SpecView) -> None:
-        """A grpo row is one growing context: an env that restarts it (cod) needs steppo's rows per step."""
+        """Rollouts running ahead overlap the update, which on several processes is collectives; a grpo
+        row is one growing context: an env that restarts it (cod) needs steppo's rows per step."""
         super().check_spec(spec)
+        if self.asynchronous is not None and spec.gpus(self) > 1:
+            given = "" if self.gpus is not None else " (defaults.gpus)"
+            raise spec.error(self.id, "asynchronous", f"runs in one process (its rollouts overlap the update's "
+                                                      f"collectives), this stage has gpus {spec.gpus(self)}{given}: "
+                                                      "give it gpus: 1, or drop asynchronous")
         if self.algorithm != "grpo":
             return
         for env_id in self.envs:

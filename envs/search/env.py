@@ -4,7 +4,7 @@ The policy may think (`<think>…</think>`), calls the tool with `<search>query<
 ends at `</search>`) and gets the top-k passages by bm25 from a SQLite FTS5 index, as
 `<information>title: text</information>` (env-written, masked from the loss); an action with
 `<answer>…</answer>` and no search, or with neither, ends the episode. Reward: normalized exact
-match of the single answer. The corpus is a seeded synthetic world (envs/search_corpus.py), some
+match of the single answer. The corpus is a seeded synthetic world (envs/search/corpus.py), some
 questions need two searches ("where was the founder of X born?").
 """
 
@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
-from envs.search_corpus import Corpus, Passage, corpus
+from envs.search.corpus import Corpus, Passage, corpus
 
 PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"
           "Question: {question}")
@@ -157,12 +157,9 @@ class SearchEnv(EnvBase):
 
     def __init__(self, config: SearchEnvConfig, name: str = "search"):
         super().__init__(config, name)
-        self.rubric = Rubric([
-            RewardFunc("correct", exact_match, 1.0),
-            RewardFunc("format", format_ok, config.format_weight),
-            RewardFunc("searches", searches, 0.0),
-            RewardFunc("gold_retrieved", gold_retrieved, 0.0),
-        ])
+        self.rubric = Rubric.paid_checks(exact_match, format_ok, config.format_weight,
+                                         RewardFunc("searches", searches, 0.0),
+                                         RewardFunc("gold_retrieved", gold_retrieved, 0.0))
         self._pool: list[Task] | None = None
 
     @property
@@ -208,9 +205,3 @@ class SearchEnv(EnvBase):
     def oracle_actions(self, task: Task) -> list[str]:
         """The reference searches (one per hop), then the answer."""
         return [SEARCH.format(query=query) for query in task.info["queries"]] + [ANSWER.format(answer=task.answer)]
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return exact_match(completion, task) == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return format_ok(completion, task) == 1.0

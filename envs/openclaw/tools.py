@@ -19,7 +19,7 @@ import shlex
 from typing import Callable
 
 from envs.base import Outcome, Turn
-from envs.openclaw_graders import grade, is_memory_file
+from envs.openclaw.graders import grade, is_memory_file
 from envs.sandbox import Sandbox
 
 RESULT = "\n<result>{text}</result>\n"

@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.base import NO_OUTCOME, CatalogueEnv, EnvFieldError, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits
-from envs.terminal_families import GeneratedTerminalTasks
-from envs.terminal_tasks import executables, generated_task, load_tasks, shown, solution_commands, task_files
+from envs.terminal.catalogue import executables, generated_task, load_tasks, shown, solution_commands, task_files
+from envs.terminal.families import GeneratedTerminalTasks
 
-DATA = Path(__file__).with_name("data") / "terminal"
+DATA = Path(__file__).parents[1] / "data" / "terminal"
 CALL = "<bash>{command}</bash>"
 DONE = "<done/>"
 OUTPUT = "\n<output>{text}</output>\n"
@@ -90,6 +90,17 @@ def tests_passed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> 
     return float(outcome["tests_passed"])
 
 
+def tests_result(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    """The correctness check: the hidden tests passed (an ungraded episode passed none)."""
+    return outcome["tests_passed"] if "tests_passed" in outcome else 0.0
+
+
+def well_formed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    """The format check: every action but the last is exactly one `<bash>…</bash>` call (the last
+    too, if the turn limit cut it)."""
+    return float(bool(_FORMATTED.fullmatch(transcript)))
+
+
 def commands_issued(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     actions = _OBSERVATION.split(transcript)[0::2]  # the odd items are the (captured) observations
     return float(sum(1 for action in actions if _CALL.search(action)))
@@ -137,7 +148,8 @@ class TerminalEnv(CatalogueEnv):
             raise ValueError(f"{shown(self.folder / task.id / 'solution' / 'solve.sh')}: the oracle needs "
                              f"more than max_turns={self.max_turns} actions")
         self.rubric = Rubric([RewardFunc("tests", tests_passed, 1.0), RewardFunc("commands", commands_issued, 0.0),
-                              RewardFunc("command_errors", command_errors, 0.0)])
+                              RewardFunc("command_errors", command_errors, 0.0)],
+                             correct=tests_result, formatted=well_formed)
 
     def no_tasks(self, split: str) -> str:
         return f"{shown(self.folder)}: no {split} tasks (set split = \"{split}\" in a task.toml)"
@@ -156,10 +168,3 @@ class TerminalEnv(CatalogueEnv):
         commands = (task.info["solution"] if "path" not in task.info else
                     solution_commands(Path(task.info["path"]) / "solution" / "solve.sh"))
         return [CALL.format(command=command) for command in commands] + [DONE]
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return "tests_passed" in outcome and outcome["tests_passed"] == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        """Every action but the last is exactly one `<bash>…</bash>` call (the last too, if the turn limit cut it)."""
-        return bool(_FORMATTED.fullmatch(completion))

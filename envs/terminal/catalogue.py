@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envs.base import Task
 from envs.task_files import files_below
-from envs.terminal_families import variant
+from envs.terminal.families import variant
 
 REMINDER = "\nRun one shell command per turn as <bash>COMMAND</bash>; write <done/> when finished."
 REQUIRED = ("instruction.md", "task.toml", "tests/test.sh", "solution/solve.sh")
@@ -115,7 +115,7 @@ def load_task(folder: Path) -> Task:
 
 
 def generated_task(family: str, split: str, index: int, seed: int) -> Task:
-    """Variant `index` of a generated family (envs/terminal_families.py) as a task; its files
+    """Variant `index` of a generated family (envs/terminal/families.py) as a task; its files
     travel in `info` instead of a folder."""
     made = variant(family, split, index, seed)
     return Task(id=f"{family}-{split[0]}{index}", prompt=made.instruction + REMINDER, answer="",

@@ -7,7 +7,7 @@ matter `name` and `description`, then instructions) and `web.json` (the pages we
 web_fetch answer from; there is no network). Front matter is `key: value` lines between `---`
 fences; a value that starts with `[`, `{` or `"` is JSON, any other is a plain string. Each
 episode gets a fresh sandbox whose /work holds the task's files and every skill folder; the
-task's grader (envs/openclaw_graders.py) scores the workspace snapshot and the transcript.
+task's grader (envs/openclaw/graders.py) scores the workspace snapshot and the transcript.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, SubPolicy, Task
-from envs.openclaw_families import GeneratedClawTasks, request
-from envs.openclaw_graders import check_grader
-from envs.openclaw_tools import OpenClawEpisode, ToolError, parse_call, workspace_path
+from envs.openclaw.families import GeneratedClawTasks, request
+from envs.openclaw.graders import check_grader
+from envs.openclaw.tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
 from envs.task_files import files_below, regular_file
 
-DATA = Path(__file__).parent / "data" / "openclaw"
+DATA = Path(__file__).parents[1] / "data" / "openclaw"
 TOOLS_HELP = ('Tools, one per turn: <tool>{"name":"exec","command":"ls"}</tool>; also read {path}, '
               'write {path,content}, edit {path,old,new}, memory_search {query}, memory_get {path}, '
               'web_search {query}, web_fetch {url}. '
@@ -175,7 +175,7 @@ def load_task(source: Path, skills: dict[str, Skill], files: Path) -> Task:
 
 
 def generated_task(family: str, split: str, index: int, seed: int) -> Task:
-    """Variant `index` of a generated family (envs/openclaw_families.py) as a task."""
+    """Variant `index` of a generated family (envs/openclaw/families.py) as a task."""
     made = request(family, split, index, seed)
     return Task(id=f"{family}-{split[0]}{index}", prompt=f"{TOOLS_HELP}\n{made.prompt}", answer="", info={
         "category": family, "family": family, "split": split, "timeout_seconds": 60, "workspace": made.workspace,
@@ -193,6 +193,12 @@ def tool_calls(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> fl
 
 def tool_errors(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
     return outcome["tool_errors"]
+
+
+def well_formed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    """The format check: every tool call parsed and the episode ended with a reply (a failing tool
+    is no format error)."""
+    return float(outcome["bad_calls"] == 0 and outcome["replied"] == 1.0)
 
 
 class OpenClawEnv(CatalogueEnv):
@@ -213,7 +219,7 @@ class OpenClawEnv(CatalogueEnv):
             RewardFunc("task", graded, 1.0),
             RewardFunc("tool_calls", tool_calls, 0.0),
             RewardFunc("tool_errors", tool_errors, 0.0),
-        ])
+        ], correct=graded, formatted=well_formed)
 
     def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode:
         """A fresh sandbox holding the task's files and the skill folders (SandboxUnavailable propagates)."""
@@ -225,10 +231,3 @@ class OpenClawEnv(CatalogueEnv):
 
     def oracle_actions(self, task: Task) -> list[str]:
         return list(task.info["oracle"])
-
-    def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        return outcome["graded"] == 1.0
-
-    def is_formatted(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
-        """Every tool call parsed and the episode ended with a reply (a failing tool is no format error)."""
-        return outcome["bad_calls"] == 0 and outcome["replied"] == 1.0

@@ -1,0 +1,167 @@
+"""The `dataset` env's config: its rows' sources, its held-out split and its rewards (functions
+with TRL's signature, a reward model, a judge)."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path, PurePath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
+
+BUILTIN_REWARDS = "posttrain.rewards"  # how a spec names envs/rewards.py
+# module:function, or a module's file and its function (path/to/my_rewards.py:function)
+FUNCTION = r"^(?:[A-Za-z_][\w.]*|(?:[^:]*/)?[A-Za-z_]\w*\.py):[A-Za-z_]\w*$"
+
+
+class RewardConfig(BaseModel):
+    """A TRL-style reward function: `module:function` (a module of the spec's folder, else an installed
+    one) or `path/to/module.py:function` (a file, relative to the spec's folder)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(pattern=FUNCTION)
+    weight: float = 1.0  # 0: a logged metric only
+
+    @property
+    def name(self) -> str:
+        return self.function.split(":")[1]
+
+    @property
+    def written_module(self) -> str:
+        return self.function.split(":")[0]
+
+    @property
+    def names_file(self) -> bool:
+        return self.written_module.endswith(".py")
+
+    @property
+    def module(self) -> str:
+        """The name its module is imported under: a named file's own name."""
+        if self.names_file:
+            return PurePath(self.written_module).stem
+        return "envs.rewards" if self.written_module == BUILTIN_REWARDS else self.written_module
+
+    def module_folder(self, spec_folder: Path) -> Path | None:
+        """The folder its module is looked for in first: the spec's, or a named file's own; None for
+        the built-ins."""
+        if self.names_file:
+            return (spec_folder / self.written_module).resolve().parent
+        return None if self.written_module == BUILTIN_REWARDS else spec_folder
+
+
+class RewardModelReward(BaseModel):
+    """A reward model trained by a `reward_model` stage scores each completion with its prompt
+    (tasks/rollout/learned_rewards.py): `sigmoid` puts its score in (0, 1) like a rubric's terms,
+    `logit` keeps the raw score (TRL's GRPOTrainer uses it raw)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward_model: str  # the reward_model stage
+    weight: float = 1.0
+    name: str | None = None  # the reward's column (`reward_<name>`); default the stage id
+    output: Literal["sigmoid", "logit"] = "sigmoid"
+    max_length: int = Field(512, gt=8)  # tokens of prompt + completion it reads
+    batch_size: int = Field(32, gt=0)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.reward_model
+
+
+class JudgeScoring(BaseModel):
+    """A model behind an OpenAI-compatible endpoint that answers a score for each completion:
+    `prompt` is filled with {prompt}, {completion} and {answer} (the row's answer column, if any);
+    the first number of its reply, from `min_score` to `max_score`, becomes a reward in [0, 1]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(pattern=r"^https?://\S+$")  # base URL, ending in /v1
+    model: str
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+    prompt: str = ("Rate the response to the task from 0 (useless or wrong) to 10 (excellent and correct).\n\n"
+                   "Task:\n{prompt}\n\nResponse:\n{completion}\n\nReply with the number only.")
+    min_score: float = 0.0
+    max_score: float = 10.0
+    max_tokens: int = Field(16, gt=0)
+    timeout_seconds: float = Field(60.0, gt=0)
+    retries: int = Field(2, ge=0)  # a request that times out or fails is tried again this many times
+    max_workers: int = Field(4, gt=0)  # requests in flight at once
+
+    @model_validator(mode="after")
+    def _valid(self):
+        if self.max_score <= self.min_score:
+            raise ValueError(f"max_score ({self.max_score}) must be above min_score ({self.min_score})")
+        fields = {name for _, name, _, _ in string.Formatter().parse(self.prompt) if name is not None}
+        unknown = fields - {"prompt", "completion", "answer"}
+        if unknown or "completion" not in fields:
+            raise ValueError(f"prompt: a template with {{completion}} (and {{prompt}}, {{answer}} if wanted); "
+                             f"it names {', '.join(sorted(unknown)) or 'no completion'}")
+        return self
+
+    def describe(self) -> str:
+        return f"{self.model} at {self.endpoint}"
+
+
+class JudgeReward(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    judge: JudgeScoring
+    weight: float = 1.0
+    name: str = "judge"
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+def reward_source(entry) -> str | None:
+    """Which kind of reward a `rewards:` entry is, by the key that names its source."""
+    keys = entry if isinstance(entry, dict) else vars(entry)
+    return next((tag for key, tag in REWARD_TAGS.items() if key in keys), None)
+
+
+REWARD_TAGS = {"function": "function-reward", "reward_model": "reward-model-reward", "judge": "judge-reward"}
+Reward = Annotated[Annotated[RewardConfig, Tag("function-reward")]
+                   | Annotated[RewardModelReward, Tag("reward-model-reward")]
+                   | Annotated[JudgeReward, Tag("judge-reward")],
+                   Discriminator(reward_source, custom_error_type="reward_source",
+                                 custom_error_message="a reward names its `function`, `reward_model` or `judge`")]
+
+
+class DatasetEnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["dataset"]
+    data: str | None = None  # a dataset stage of prompts (set by the spec when `source` is given)
+    source: str | None = None  # the dataset stage's options, inline
+    split: str | None = None
+    columns: dict[str, str] = {}
+    limit: int | None = Field(None, gt=0)
+    shuffle_seed: int | None = None
+    eval_fraction: float = Field(0.1, ge=0, lt=1)
+    eval_data: str | None = None
+    eval_source: str | None = None
+    rewards: list[Reward] = Field(min_length=1)
+    # the folder its reward modules are looked for in first: the spec file's (flows/spec_data.py sets
+    # it); None in a stage's process, which imports them from the import path (the request carried them)
+    _reward_folder: Path | None = PrivateAttr(None)
+
+    @property
+    def reward_folder(self) -> Path | None:
+        return self._reward_folder
+
+    def find_rewards_in(self, folder: Path) -> None:
+        self._reward_folder = folder
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        labels = [reward.name if isinstance(reward, RewardConfig) else reward.label for reward in self.rewards]
+        if len(set(labels)) < len(labels):
+            twice = sorted({label for label in labels if labels.count(label) > 1})
+            raise ValueError(f"rewards: two rewards named {', '.join(twice)} (give one a `name:`)")
+        if self.data is None and self.source is None:
+            raise ValueError("give the rows as `data: STAGE_ID` or `source: PATH`")
+        if self.eval_data is not None and self.eval_source is not None:
+            raise ValueError("give the held-out rows as `eval_data` or `eval_source`, not both")
+        return self
