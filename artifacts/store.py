@@ -12,12 +12,14 @@ Layout under the store root:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
 import posixpath
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +27,8 @@ import fsspec
 from pydantic import BaseModel, ConfigDict
 
 from artifacts.refs import BadRef, Ref, content_version, inside, sha256_bytes, valid_name
+from artifacts.text import first_line  # noqa: F401 (the project imports it from here)
+from artifacts.transient import RETRY_BUDGET_SECONDS, GaveUp, Result, retrying
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
@@ -90,6 +94,8 @@ class StoreLocation(BaseModel):
 
 
 class Store:
+    retry_budget_s = RETRY_BUDGET_SECONDS  # per operation; tests shorten it on an instance
+
     def __init__(self, uri: str, storage_options: dict | None = None):
         self.storage_options = dict(storage_options or {})
         if credential_keys(self.storage_options):
@@ -99,11 +105,11 @@ class Store:
         if "://" not in uri:
             uri = "file://" + os.path.abspath(uri)
         self.uri = uri.rstrip("/")
+        self.protocol = self.uri.split("://", 1)[0]
         try:
-            self.fs, root = fsspec.core.url_to_fs(self.uri, **self.storage_options)
+            self.fs, root = fsspec.core.url_to_fs(self.uri, **_driver_options(self.protocol, self.storage_options))
         except Exception as exc:  # an unknown protocol, a missing driver, options the driver refuses
             raise StoreError(f"cannot open {self.uri}: {first_line(exc)}") from None
-        self.protocol = self.uri.split("://", 1)[0]
         self.root = root.rstrip("/")
         self.local = self.protocol == "file"
         if self.local:  # fsspec made a relative path absolute against this process's cwd: keep that one
@@ -137,7 +143,7 @@ class Store:
     # -- small objects -----------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
         try:
-            return self.fs.cat_file(path)
+            return self._retrying("read", path, self.fs.cat_file, path)
         except FileNotFoundError:
             raise StoreError(f"not found in store: {self.display(path)}") from None
 
@@ -145,20 +151,23 @@ class Store:
         return json.loads(self.read_bytes(path))
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(path)
+        return self._retrying("look up", path, self.fs.exists, path)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Overwrite `path` (used only for mutable things: aliases, run summaries, scratch)."""
         if self.local:
             os.replace(_local_temp_copy(path, data), path)
         else:
-            self.fs.pipe_file(path, data)
+            self._retrying("write", path, self.fs.pipe_file, path, data)
 
     def write_json(self, path: str, value) -> None:
         self.write_bytes(path, json.dumps(value, indent=2, sort_keys=True, default=str).encode())
 
     def create_only(self, path: str, data: bytes) -> None:
-        """Write `path` only if it does not exist yet; AlreadyExists otherwise."""
+        """Write `path` only if it does not exist yet; AlreadyExists otherwise. On an object store a
+        write whose answer was lost may have landed all the same, and the next try (the client's
+        own or this store's) then finds the object: it is this call's when it holds exactly `data`,
+        someone else's otherwise, and is never overwritten."""
         if self.local:
             tmp = _local_temp_copy(path, data)
             try:
@@ -168,15 +177,29 @@ class Store:
             finally:
                 os.unlink(tmp)
             return
-        if self.fs.exists(path):
+        if self.exists(path):  # before anything of ours was sent: someone else's
             raise AlreadyExists(path)
+        try:
+            self._retrying("create", path, self._write_exclusive, path, data)
+        except FileExistsError:
+            if not self._holds(path, data):
+                raise AlreadyExists(path) from None
+
+    def _write_exclusive(self, path: str, data: bytes) -> None:
+        """One try at creating `path` on an object store; FileExistsError when it is there."""
         try:
             with self.fs.open(path, "xb") as handle:  # S3 conditional write (If-None-Match)
                 handle.write(data)
-        except FileExistsError:
-            raise AlreadyExists(path) from None
         except ValueError:  # an fsspec backend without exclusive create
+            if self.fs.exists(path):
+                raise FileExistsError(path) from None
             self.fs.pipe_file(path, data)
+
+    def _holds(self, path: str, data: bytes) -> bool:
+        try:
+            return self._retrying("read", path, self.fs.cat_file, path) == data
+        except FileNotFoundError:  # removed since (a released claim): it was not ours either
+            return False
 
     def put_dir(self, local_dir: Path, remote_dir: str, sizes: bool = False) -> None:
         """Upload a folder's files. On a local disk each is written under a temporary name, flushed to
@@ -187,30 +210,46 @@ class Store:
             if self.local:
                 os.replace(_local_temp_copy(target, file.read_bytes(), sync=True), target)
                 continue
-            self.fs.put_file(str(file), target)
-            if sizes and self.fs.info(target)["size"] != file.stat().st_size:
-                raise StoreError(f"{self.display(target)}: uploaded {self.fs.info(target)['size']} bytes of "
-                                 f"{file.stat().st_size}")
+            self._retrying("upload", target, self.fs.put_file, str(file), target)
+            if sizes:
+                self._check_size(target, file.stat().st_size)
+
+    def _check_size(self, target: str, size: int) -> None:
+        stored = self._retrying("look up", target, self.fs.info, target)["size"]
+        if stored != size:
+            raise StoreError(f"{self.display(target)}: uploaded {stored} bytes of {size}")
 
     def get_dir(self, remote_dir: str, local_dir: Path) -> Path:
         local_dir = Path(local_dir)
-        for path in self.fs.find(remote_dir):
+        for path in self._retrying("list", remote_dir, self.fs.find, remote_dir):
             rel = posixpath.relpath(path, remote_dir)
             if not inside(rel):
                 raise StoreError(f"{self.display(remote_dir)}: listed path {rel!r} leaves the folder")
             (local_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(path, str(local_dir / rel))
+            self._retrying("download", path, self.fs.get_file, path, str(local_dir / rel))
         return local_dir
 
     def remove(self, path: str) -> None:
-        if self.fs.exists(path):
+        self._retrying("remove", path, self._remove, path)
+
+    def _remove(self, path: str) -> None:
+        if self.fs.exists(path):  # again on a retry: the try before may have removed some or all
             self.fs.rm(path, recursive=True)
 
     def listdir(self, path: str) -> list[str]:
         try:
-            return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False)]
+            listed = self._retrying("list", path, self.fs.ls, path, detail=False)
         except FileNotFoundError:
             return []
+        return [posixpath.basename(p.rstrip("/")) for p in listed]
+
+    def _retrying(self, what: str, path: str, call: Callable[..., Result], *args, **kwargs) -> Result:
+        """`call(*args, **kwargs)`, tried again after transient errors for up to `retry_budget_s`
+        (artifacts/transient.py); then one StoreError naming `path`."""
+        try:
+            return retrying(call, self.retry_budget_s, *args, **kwargs)
+        except GaveUp as exc:
+            raise StoreError(f"cannot {what} {self.display(path)}: {exc}") from None
 
     # -- artifacts ---------------------------------------------------------
     def commit(self, name: str, kind: str, local_dir: Path, *, producer: dict, inputs: dict[str, str] | None = None,
@@ -293,7 +332,8 @@ class Store:
             target = local_dir / entry["path"]
             if not in_place:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self.version_path(ref, entry["path"]), str(target))
+                remote = self.version_path(ref, entry["path"])
+                self._retrying("download", remote, self.fs.get_file, remote, str(target))
             _check_fetched(ref, entry, target, hashes)
         return local_dir
 
@@ -308,7 +348,7 @@ class Store:
         if content_version(listed) != ref.version:
             problems.append(f"the manifest's files hash to version {content_version(listed)}, not {ref.version}")
         folder = self.version_path(ref)
-        present = {posixpath.relpath(path, folder) for path in self.fs.find(folder)}
+        present = {posixpath.relpath(path, folder) for path in self._retrying("list", folder, self.fs.find, folder)}
         problems += [f"{extra}: not in the manifest" for extra in sorted(present - set(listed) - {MANIFEST})]
         for entry in manifest["files"]:
             if not inside(entry["path"]):
@@ -362,6 +402,16 @@ def folder_hashes(local_dir: Path) -> dict[str, str]:
     return {rel: sha256_file(path) for rel, path in files.items()}
 
 
+def _driver_options(protocol: str, storage_options: dict) -> dict:
+    """What the fsspec driver is given: a copy (botocore rewrites the dicts it gets, turning
+    retries.max_attempts into total_max_attempts, while the options travel on to other processes as
+    the spec wrote them), and for an object store no listing cache: other processes write the store,
+    and a cached listing would never show their objects (a claim another run won, a version
+    committed since, a file a failed write stored before its answer was lost)."""
+    options = copy.deepcopy(storage_options)
+    return options if protocol == "file" else {**options, "use_listings_cache": False}
+
+
 def _check_fetched(ref: Ref, entry: dict, path: Path, hashes: bool) -> None:
     if path.is_symlink():
         raise StoreError(f"{ref}: {entry['path']} is a symlink")
@@ -395,9 +445,3 @@ def _local_temp_copy(path: str, data: bytes, sync: bool = False) -> str:
             handle.flush()
             os.fsync(handle.fileno())
     return tmp
-
-
-def first_line(error: BaseException | str) -> str:
-    """The first line of an error's message ("" if it has none)."""
-    text = str(error).strip().splitlines()
-    return text[0] if text else ""

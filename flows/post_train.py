@@ -16,20 +16,19 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from artifacts.refs import hash_value
 from artifacts.store import AlreadyExists, Store, StoreError, StoreLocation, now_iso
-from flows.deploy import stage_job_variables
 from flows.evaluate import evaluate
 from flows.leaderboard import evaluations
 from flows.learning_curves import learning_curves
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec_text, stage_graph
-from flows.stage_flow import submit_stage
 from flows.stage_requests import new_run_id, stage_parameters, stage_request, state_error
 from flows.temporary_api import ephemeral
+from flows.worker_stage import WorkerStage
 from tasks.request import StageRequest
 from tasks.runtime.cache import cached_result, code_version
 from tasks.runtime.launch import warm_up
 from tasks.runtime.live import read_progress
-from tasks.runtime.runner import STOPPING, run_stage, stage_task_options
+from tasks.runtime.runner import STOPPING, StageFailed, run_stage, stage_task_options
 
 WATCH_SECONDS = 2.0  # how often the flow looks at the running stages' progress
 RESOURCE_KEYS = ("device", "peak_rss_gb", "peak_gpu_gb")  # a stage's result's say on where and how big it ran
@@ -265,20 +264,18 @@ def task_record(request: StageRequest, future) -> dict:
 
 
 def start_on_worker(pipeline: PipelineSpec, request: StageRequest, store: Store, threads: ThreadPoolExecutor) -> StageRun:
-    """The stage as a flow run of `workers.deployment`, waited for in one of `threads` with this flow
-    run's context (the stage's run is its child)."""
-    job_variables = {**pipeline.workers.job_variables, **stage_job_variables(request.orchestration)}
-    submitted = threads.submit(contextvars.copy_context().run, submit_stage, pipeline.workers.deployment,
-                               stage_parameters(pipeline, request), job_variables, f"{request.run_id}-{request.stage.id}")
-    return StageRun(request.stage.id, submitted, lambda: worker_record(request, submitted.result(), store))
+    """The stage as flow runs of `workers.deployment`, watched in one of `threads` with this flow run's
+    context (the stage's runs are its children): flows/worker_stage.py."""
+    watched = threads.submit(contextvars.copy_context().run, WorkerStage(pipeline, request, store).result)
+    return StageRun(request.stage.id, watched, lambda: worker_record(request, watched))
 
 
-def worker_record(request: StageRequest, flow_run, store: Store) -> dict:
+def worker_record(request: StageRequest, watched: Future) -> dict:
     """The stage's record from the store's stage cache (a worker's result never crosses Prefect)."""
-    result = cached_result(store, request.cache_key)
-    if not flow_run.state.is_completed() or result is None:
-        error = flow_run.state.message or flow_run.state.name
-        return failed_record(request, f"flow run {flow_run.name}: {error}")
+    try:
+        result = watched.result()
+    except StageFailed as exc:
+        return failed_record(request, str(exc))
     return stage_record(request, result, cached=result["run_id"] != request.run_id)
 
 
@@ -294,6 +291,8 @@ def stage_record(request: StageRequest, result: dict, cached: bool) -> dict:
             "new_checkpoints": [] if cached else result.get("checkpoints", []),
             "state": "cached" if cached else "completed", "outputs": result["outputs"], "metrics": result["metrics"],
             "compute_seconds": result.get("compute_seconds"),
+            **({} if cached else {"attempts": result.get("attempts", 1)}),
+            **({"adopted": True} if result.get("adopted") else {}),
             **{key: result[key] for key in RESOURCE_KEYS if result.get(key) is not None}}
 
 

@@ -56,6 +56,10 @@ class WorkersConfig(BaseModel):
 
     deployment: str = Field(pattern=r"^[^/]+/[^/]+$")  # "<flow name>/<deployment name>": post-train-stage/gpu-box
     job_variables: dict[str, str | int | float | bool | list | dict] = {}  # merged under each stage's {"gpus": N}
+    # a stage whose claim has not beaten this long since its worker picked it up is lost: submitted again
+    lost_after_seconds: float = Field(90, gt=0)
+    pickup_timeout_seconds: float = Field(600, gt=0)  # no worker took the flow run: the stage fails naming the pool
+    api_outage_seconds: float = Field(300, gt=0)  # the Prefect API silent this long: the stage fails (a rerun resumes)
 
 
 class PipelineSpec(BaseModel):

@@ -41,12 +41,3 @@ def filled_request(payload: dict, placeholders: list[dict], expected: str | None
         raise ValueError(f"placeholders: this worker's environment gives {', '.join(names)} other values than the "
                          "orchestrator's, so the stage would not run the config its cache key names")
     return StageRequest.model_validate(payload)
-
-
-def submit_stage(deployment: str, parameters: dict, job_variables: dict, flow_run_name: str):
-    """Run the stage (`parameters`: flows.stage_requests.stage_parameters) on a worker of
-    `deployment`'s pool and wait; returns the finished flow run."""
-    from prefect.deployments import run_deployment
-
-    return run_deployment(deployment, parameters=parameters,
-                          job_variables=job_variables, flow_run_name=flow_run_name, poll_interval=2)

@@ -56,3 +56,41 @@ def write_package(folder: Path, module: str, source: str, entry_points: str) -> 
 
 def write_toy_stage(folder: Path) -> Path:
     return write_package(folder, "toy_sums", TOY_MODULE, "[posttrain.stages]\nsums = toy_sums:SumsStage\n")
+
+
+FLAKY_MODULE = '''"""`flaky`: SFT examples of one-digit sums, after failing its first attempt as a lost GPU or a killed
+process would (the file `marker` records that the first attempt happened)."""
+
+from pathlib import Path
+from typing import Literal
+
+from data_contracts.config import ContractParams
+from tasks.common.context import StageOutput
+from tasks.common.datasets import write_rows
+from tasks.config import StageBase
+
+
+class FlakyStage(StageBase):
+    outputs = ("dataset",)
+    primary = "dataset"
+    produces = "dataset"
+
+    kind: Literal["flaky"]
+    marker: str
+
+
+def run(stage: FlakyStage, ctx) -> dict[str, StageOutput]:
+    marker = Path(stage.marker)
+    if not marker.exists():
+        marker.write_text("attempted")
+        raise RuntimeError("flaky: the first attempt fails (a retriable error)")
+    rows = [{"id": f"sum-{i}", "prompt": f"what is {i % 10}+{i // 10 % 10}?",
+             "completion": f"{i % 10 + i // 10 % 10}"} for i in range(32)]
+    folder = ctx.workdir / "dataset"
+    write_rows(rows, folder)
+    return {"dataset": StageOutput("dataset", folder, {"rows": len(rows)}, ContractParams(kind="sft"))}
+'''
+
+
+def write_flaky_stage(folder: Path) -> Path:
+    return write_package(folder, "toy_flaky", FLAKY_MODULE, "[posttrain.stages]\nflaky = toy_flaky:FlakyStage\n")

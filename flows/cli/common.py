@@ -99,3 +99,24 @@ def resolve_ref(store, text: str, error: type[Exception] = UserError):
     if str(ref) != text:
         print(f"{text} = {ref}", file=sys.stderr, flush=True)
     return ref
+
+
+class OneLineTransportErrors:
+    """A logging filter: a record that carries an error reaching a server (the Prefect API gone) keeps
+    its message and loses its traceback; the run's own report says what happened."""
+
+    def filter(self, record) -> bool:
+        import httpx
+
+        if record.exc_info and isinstance(record.exc_info[1], (httpx.TransportError, OSError)):
+            record.msg, record.args = f"{record.getMessage()} ({type(record.exc_info[1]).__name__})", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_lost_api() -> None:
+    """Prefect's console log shows a lost API in one line, not a traceback."""
+    import logging
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineTransportErrors())

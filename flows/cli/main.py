@@ -21,6 +21,7 @@ from flows.cli.common import (
     open_named_store,
     open_spec,
     open_store,
+    quiet_lost_api,
     resolve_ref,
     temporary_api,
     use_temporary_api,
@@ -41,6 +42,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from artifacts.store import first_line
     from flows.cli.report import print_run_report
 
     spec, text = open_spec(args.spec)
@@ -71,17 +73,25 @@ def cmd_run(args) -> int:
         print(INLINE_EVALUATION if api is None else
               f"evaluation.on_new_checkpoint: checkpoint events go to {api}; the evaluate-on-checkpoint "
               "deployment (posttrain serve, or deployments/prefect.yaml) evaluates them", flush=True)
-    state = post_train.with_options(flow_run_name=run_id)(store=store.uri, run_id=run_id, spec_text=text,
-                                                          spec_hash=spec_hash, spec_dir=spec_folder(args.spec),
-                                                          return_state=True)
+    quiet_lost_api()
+    try:
+        state = post_train.with_options(flow_run_name=run_id)(store=store.uri, run_id=run_id, spec_text=text,
+                                                              spec_hash=spec_hash, spec_dir=spec_folder(args.spec),
+                                                              return_state=True)
+        ended = f"{state.name}: {state.message}"
+    except Exception as exc:  # the flow's engine lost its Prefect API (it could not report a state)
+        state, ended = None, f"its flow run could not be reported to Prefect: {first_line(exc)}"
     summary_path = store.path("runs", f"{run_id}.json")
     if not store.exists(summary_path):
-        print(f"run {run_id} ended {state.name} before its first stage: {state.message}", file=sys.stderr)
+        print(f"error: run {run_id} ended before its first stage: {ended}", file=sys.stderr)
         return 1
     summary = store.read_json(summary_path)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2, sort_keys=True))
     print_run_report(summary)
+    if state is None:
+        print(f"error: run {run_id}: {ended}", file=sys.stderr)
+        return 1
     return 0 if summary["state"] == "completed" else 1
 
 

@@ -96,7 +96,7 @@ def current_claim(store: Store, key: str) -> tuple[int, dict | None]:
     newest = max(generations)
     try:
         body = store.read_json(claim_path(store, key, newest))
-    except (OSError, ValueError):
+    except (OSError, ValueError, StoreError):  # unreadable, or released since it was listed
         return newest, None
     valid = isinstance(body, dict) and {"run_id", "host", "pid", "started", "heartbeat"} <= body.keys()
     return newest, body if valid else None

@@ -176,6 +176,15 @@ def stage_gpus(request: StageRequest) -> GpuLease:
         raise StageFailed(f"stage {request.stage.id!r}: {exc}") from None
 
 
+def attempt() -> int:
+    """Which attempt of its task this run is (1, then 2 on the first retry): the task run's count,
+    which the Prefect UI shows too."""
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return context.task_run.run_count if context is not None else 1
+
+
 def stage_tags(request: StageRequest) -> list[str]:
     return ["posttrain", f"pipeline:{request.pipeline}", f"kind:{request.stage.kind}",
             "gpu" if request.orchestration.gpus else "cpu"]
@@ -210,6 +219,7 @@ def run_stage(request: StageRequest):
             result = run_in_child(request, on_checkpoint=lambda ref, step: emit_checkpoint_created(ref, request, step),
                                   on_progress=live, on_report=LiveReport(request.pipeline, request.stage.id),
                                   child_env=gpus.child_env())
+        result = {**result, "attempts": attempt()}
         store.write_json(cache_path(store, request.cache_key), {"stage": request.stage.id, "run_id": request.run_id,
                                                                 **result})
     finally:

@@ -17,30 +17,53 @@ from conftest import free_port
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
+class PrefectServer:
+    """`prefect server start` on 127.0.0.1: one port and one PREFECT_HOME (its database) for its life,
+    so it can be stopped and started again as a restarted server would be."""
+
+    def __init__(self, home: Path, ui: bool = False):
+        self.home, self.ui, self.port = home, ui, free_port()
+        self.api = f"http://127.0.0.1:{self.port}/api"
+        self.process: subprocess.Popen | None = None
+        home.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_UI_ENABLED": str(self.ui).lower(),
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        if self.ui:  # the UI's pages call this API (else they call port 4200)
+            env.update(PREFECT_UI_API_URL=self.api, PREFECT_SERVER_API_PORT=str(self.port))
+        env.pop("PREFECT_API_URL", None)
+        with open(self.home / "server.log", "a") as log:
+            self.process = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port",
+                                             str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        wait_until(lambda: answers(f"{self.api}/health"), 180,
+                   lambda: f"server not up: {(self.home / 'server.log').read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+            self.process = None
+
+    @property
+    def env(self) -> dict:
+        """What points a client at it; runners and workers poll fast so a test does not wait on their
+        default 10-15 s intervals."""
+        return {"PREFECT_API_URL": self.api, "PREFECT_HOME": str(self.home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+                "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+                **({"PREFECT_UI_URL": f"http://127.0.0.1:{self.port}"} if self.ui else {})}
+
+
 @contextmanager
 def prefect_server(home: Path, ui: bool = False):
     """Yields the env vars that point a client at the server (PREFECT_API_URL, PREFECT_HOME; with
     `ui`, PREFECT_UI_URL: where its web UI is, a few seconds more to start)."""
-    port = free_port()
-    home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": str(ui).lower(),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    if ui:  # the UI's pages call this API (else they call port 4200)
-        env.update(PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_SERVER_API_PORT=str(port))
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api"
+    server = PrefectServer(home, ui)
+    server.start()
     try:
-        wait_until(lambda: answers(f"{api}/health"), 180, lambda: f"server not up: {(home / 'server.log').read_text()[-2000:]}")
-        # runners and workers poll fast so a test does not wait on their default 10-15 s intervals
-        yield {"PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-               "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
-               **({"PREFECT_UI_URL": f"http://127.0.0.1:{port}"} if ui else {})}
+        yield server.env
     finally:
-        stop(server)
-        log.close()
+        server.stop()
 
 
 RETRIED = {429, 502, 503}  # what Prefect's own client retries: a busy server (sqlite locked) answers 503
