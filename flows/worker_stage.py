@@ -118,9 +118,9 @@ class WorkerStage:
         self.flow_runs: list = []  # every flow run this stage was submitted as
 
     def result(self) -> dict:
-        adopted = self.adopt()
-        if adopted is not None:
-            return {**adopted, "adopted": True}
+        found = self.adopt()
+        if found is not None:
+            return found
         retries, lost = self.request.orchestration.retries, 0
         while True:
             try:
@@ -135,12 +135,14 @@ class WorkerStage:
 
     def adopt(self) -> dict | None:
         """The stage's result if it is in the store, or once the run that holds its claim (another
-        `posttrain run`'s, still beating) commits it; None when nobody holds it, or once its holder's
-        heartbeat stops."""
+        `posttrain run`'s, still beating) commits it, `adopted` when it was waited for; None when nobody
+        holds it, or once its holder's heartbeat stops."""
+        waited = False
         while True:
             cached = cached_result(self.store, self.key)
             if cached is not None:
-                return cached
+                return {**cached, "adopted": waited}
+            waited = True
             _, holder = current_claim(self.store, self.key)
             now = time.monotonic()
             self.heartbeat.look(self.store, self.key, now)
