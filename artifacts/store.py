@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from artifacts.refs import BadRef, Ref, content_version, inside, sha256_bytes, valid_name
 from artifacts.text import first_line  # noqa: F401 (the project imports it from here)
 from artifacts.transient import RETRY_BUDGET_SECONDS, GaveUp, Result, retrying
+from artifacts.urls import CREDENTIALS, ScrubbedError, credential_url_fields, holds_credentials
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # `name@latest`: the alias people use; stages never read it
@@ -45,10 +46,13 @@ NON_SECRET_OPTIONS = {
                       "max_pool_connections": True, "s3": {"addressing_style": True},
                       "retries": {"max_attempts": True, "mode": True}},
 }
+# where a store's credentials come from instead of its URI or options
+FROM_THE_ENVIRONMENT = "give credentials through the environment or the cloud's credential chain"
 
 
-class StoreError(Exception):
-    """The store cannot be used (unreachable, missing object, bad options)."""
+class StoreError(ScrubbedError):
+    """The store cannot be used (unreachable, missing object, bad options); a URL in its message
+    shows no credentials."""
 
 
 class AlreadyExists(StoreError):
@@ -100,8 +104,11 @@ class Store:
         self.storage_options = dict(storage_options or {})
         if credential_keys(self.storage_options):
             raise StoreError(f"storage_options must not hold credentials: {credential_keys(self.storage_options)}")
-        if "@" in uri.split("://", 1)[-1].split("/", 1)[0]:
-            raise StoreError("store URI must not hold credentials")
+        if "@" in uri.split("://", 1)[-1].split("/", 1)[0] or holds_credentials(uri):
+            raise StoreError(f"store: {CREDENTIALS}; {FROM_THE_ENVIRONMENT}")
+        if credential_url_fields(self.storage_options):
+            raise StoreError(f"storage_options.{credential_url_fields(self.storage_options)[0]}: {CREDENTIALS}; "
+                             f"{FROM_THE_ENVIRONMENT}")
         if "://" not in uri:
             uri = "file://" + os.path.abspath(uri)
         self.uri = uri.rstrip("/")

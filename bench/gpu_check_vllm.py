@@ -33,9 +33,13 @@ def vllm_command() -> str | None:
     return os.environ.get("VLLM_BIN") or shutil.which("vllm")
 
 
-def server_command(vllm: str, model: str, port: int, lora: bool) -> tuple[list[str], dict]:
-    """The `vllm serve` command line and environment of one pass (docs/GPU.md's recipe)."""
-    command = [vllm, "serve", model, "--served-model-name", "policy", "--port", str(port), "--max-model-len", "2048",
+def server_command(vllm: str, model: str, port: int, lora: bool,
+                   sync_root: Path | None = None) -> tuple[list[str], dict]:
+    """The `vllm serve` command line and environment of one pass (docs/GPU.md's recipe): on loopback
+    (vLLM's key guards only /v1, never its development routes), full weights loaded only from
+    `sync_root`."""
+    command = [vllm, "serve", model, "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(port),
+               "--max-model-len", "2048",
                "--logprobs-mode", "processed_logprobs", "--gpu-memory-utilization", "0.35", "--dtype", "bfloat16"]
     env = dict(os.environ)
     if lora:
@@ -44,6 +48,8 @@ def server_command(vllm: str, model: str, port: int, lora: bool) -> tuple[list[s
     else:
         command += ["--worker-extension-cls", EXTENSION]
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        if sync_root is not None:
+            env["POSTTRAIN_SYNC_ROOT"] = str(sync_root)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "deployments"), env.get("PYTHONPATH")]))
     return command, env
 
@@ -74,7 +80,7 @@ def run_pass(vllm: str, base: str, folder: Path, port: int, lora: bool, asynchro
     from artifacts.store import Store
 
     store, sync = f"file://{folder / 'store'}", folder / "sync"
-    sync.mkdir()
+    sync.mkdir(mode=0o700)
     url = f"http://127.0.0.1:{port}/v1"
     spec = folder / "spec.yaml"
     spec.write_text(yaml.safe_dump(check_spec(store, base, url, sync, lora, asynchronous, with_rl=False)))
@@ -82,7 +88,7 @@ def run_pass(vllm: str, base: str, folder: Path, port: int, lora: bool, asynchro
     if done.returncode != 0:
         return failed(f"sft failed: {done.stdout[-1500:]}")
     served = base if lora else str(Store(store).fetch(Store(store).latest("gpu-check-vllm/sft")))
-    command, env = server_command(vllm, served, port, lora)
+    command, env = server_command(vllm, served, port, lora, sync_root=sync)
     began = time.monotonic()
     with open(folder / "vllm.log", "w") as log:
         server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -14,6 +14,10 @@
 #   K8S_SERVICE_ACCOUNT  service account of the pods (e.g. one bound to an IAM role through IRSA for S3)
 #   GPU_NODE_SELECTOR    JSON object, e.g. '{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}'
 #   S3_SECRET            name of a Kubernetes Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (envFrom)
+#   WORKER_SECRET        name of a Kubernetes Secret with POSTTRAIN_REQUEST_KEY (the same key as where
+#                        `posttrain run` runs: pods then run only stage requests signed with it) and
+#                        PREFECT_API_AUTH_STRING, and for evaluations POSTTRAIN_ALLOWED_STORES,
+#                        POSTTRAIN_ALLOWED_VARIABLES, POSTTRAIN_ALLOWED_ENDPOINTS (envFrom)
 # Safe to run again: the pool is overwritten (run it with the same variables to keep its defaults)
 # and the limit is updated to GPU_SLOTS.
 set -euo pipefail
@@ -40,11 +44,13 @@ if os.environ.get("GPU_NODE_SELECTOR"):
     if not isinstance(selector, dict):
         sys.exit("GPU_NODE_SELECTOR must be a JSON object")
     props["node_selector"]["default"] = selector
-if os.environ.get("S3_SECRET"):
-    props["env_from"]["default"] = [{"secretRef": {"name": os.environ["S3_SECRET"]}}]
+secrets = [os.environ[name] for name in ("S3_SECRET", "WORKER_SECRET") if os.environ.get(name)]
+if secrets:
+    props["env_from"]["default"] = [{"secretRef": {"name": name}} for name in secrets]
 json.dump(template, open(sys.argv[2], "w"), indent=2)
 EOF
 [[ -n "${POSTTRAIN_IMAGE:-}" ]] || echo "warning: POSTTRAIN_IMAGE not set: pods get Prefect's image unless a deployment sets job_variables.image" >&2
+[[ -n "${WORKER_SECRET:-}" ]] || echo "warning: WORKER_SECRET not set: pods get no POSTTRAIN_REQUEST_KEY and run any stage request the Prefect API hands them" >&2
 
 prefect work-pool create "$POOL" --type kubernetes --base-job-template "$TEMPLATE" --overwrite
 

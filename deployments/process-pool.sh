@@ -9,6 +9,12 @@
 # Environment: POOL (default gpu-box); GPU_SLOTS (default: the GPUs nvidia-smi lists);
 # WORKER_NAME (default: this host's name). Safe to run again: the pool is overwritten with the
 # same settings and the limit is updated to GPU_SLOTS.
+#
+# Every flow run is a subprocess of the worker and gets the worker's environment, so export here
+# what the flow runs need: POSTTRAIN_REQUEST_KEY (the same key as where `posttrain run` runs:
+# the worker then runs only stage requests signed with it, docs/SECURITY.md#signed-stage-requests),
+# PREFECT_API_AUTH_STRING (the server's auth string), and for evaluations
+# POSTTRAIN_ALLOWED_STORES, POSTTRAIN_ALLOWED_VARIABLES and POSTTRAIN_ALLOWED_ENDPOINTS.
 set -euo pipefail
 
 POOL="${POOL:-gpu-box}"
@@ -32,5 +38,7 @@ fi
 echo "pool $POOL (process), global concurrency limit gpu = $GPU_SLOTS slots"
 
 [[ "${1:-}" == "--setup-only" ]] && exit 0
+[[ -n "${POSTTRAIN_REQUEST_KEY:-}" ]] \
+  || echo "warning: POSTTRAIN_REQUEST_KEY is not set: this worker runs any stage request the Prefect API hands it" >&2
 # The worker runs each flow run as a subprocess on this box; run it under systemd/tmux to keep it up.
 exec prefect worker start --pool "$POOL" --type process --name "${WORKER_NAME:-$(hostname)}"

@@ -48,16 +48,20 @@ def fill(template: str, path: tuple, environ: Mapping[str, str]) -> str:
     return ENV_VAR.sub(substitute, template)
 
 
-def interpolate(document, filled: dict[str, str], path: tuple = ()):
+def interpolate(document, filled: dict[str, str], path: tuple = (), check_name=None):
     """The parsed YAML `document` with its strings filled from this process's environment;
     `filled` collects {name: value} of every variable the environment set (a default written in
-    the spec is in the spec's text: nothing to hide)."""
+    the spec is in the spec's text: nothing to hide). `check_name(path, name)`, when given, is
+    called for every variable a string names before that string is filled, and raises to refuse
+    it (a spec read back from the store: flows/worker_allows.py)."""
     if isinstance(document, dict):
-        return {key: interpolate(value, filled, (*path, key)) for key, value in document.items()}
+        return {key: interpolate(value, filled, (*path, key), check_name) for key, value in document.items()}
     if isinstance(document, list):
-        return [interpolate(value, filled, (*path, index)) for index, value in enumerate(document)]
+        return [interpolate(value, filled, (*path, index), check_name) for index, value in enumerate(document)]
     if not isinstance(document, str) or not ENV_VAR.search(document):
         return document
+    for match in ENV_VAR.finditer(document) if check_name is not None else ():
+        check_name(path, match.group(1))
     filled.update({match.group(1): os.environ[match.group(1)] for match in ENV_VAR.finditer(document)
                    if match.group(1) in os.environ})
     return fill(document, path, os.environ)

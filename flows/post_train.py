@@ -14,18 +14,17 @@ from prefect.exceptions import TerminationSignal
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from artifacts.refs import hash_value
 from artifacts.store import AlreadyExists, Store, StoreError, StoreLocation, now_iso
 from flows.evaluate import evaluate
 from flows.leaderboard import evaluations
 from flows.learning_curves import learning_curves
 from flows.report_artifacts import publish_reports
-from flows.spec import PipelineSpec, load_spec, parse_spec_text, stage_graph
-from flows.stage_requests import new_run_id, stage_parameters, stage_request, state_error
+from flows.spec import PipelineSpec, load_spec, parse_spec_text, spec_hash_of, stage_graph
+from flows.stage_requests import new_run_id, stage_request, state_error
 from flows.temporary_api import ephemeral
 from flows.worker_stage import WorkerStage
 from tasks.request import StageRequest
-from tasks.runtime.cache import cached_result, code_version
+from tasks.runtime.cache import code_version
 from tasks.runtime.launch import warm_up
 from tasks.runtime.live import read_progress
 from tasks.runtime.runner import STOPPING, StageFailed, run_stage, stage_task_options
@@ -34,11 +33,6 @@ WATCH_SECONDS = 2.0  # how often the flow looks at the running stages' progress
 RESOURCE_KEYS = ("device", "peak_rss_gb", "peak_gpu_gb")  # a stage's result's say on where and how big it ran
 INLINE_EVALUATION = ("evaluation.on_new_checkpoint: no Prefect server (PREFECT_API_URL unset, ephemeral mode): "
                      "each new checkpoint is evaluated inline, after the stage that made it")
-
-
-def spec_hash_of(text: str) -> str:
-    """The name a spec's text is kept under in the store (`specs/<hash>.yaml`)."""
-    return hash_value(text)[:16]
 
 
 def save_spec(store: Store, text: str) -> str:

@@ -6,17 +6,21 @@ the field path (`stages[3].policy: unknown stage 'sftt'`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from artifacts.store import StoreLocation, credential_keys
+from artifacts.refs import hash_value
+from artifacts.store import FROM_THE_ENVIRONMENT, StoreLocation, credential_keys
+from artifacts.urls import CREDENTIALS, credential_url_fields
 from envs.dataset import reward_source
 from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
 from flows.spec_data import env_inputs, find_reward_modules, inline_env_stages, read_stage_sources
+from flows.worker_allows import NotAllowed, WorkerAllows
 from models.config import ModelConfig
 from tasks.config import Defaults, EvaluationSettings, FieldError, SampledEval, SpecRuleError, SpecView
 from tasks.kinds import StageConfig
@@ -153,18 +157,23 @@ def _format_validation_error(error: ValidationError, raw: dict) -> str:
     return f"{path}: {first['msg']} (got {first['input']!r})" if "input" in first else f"{path}: {first['msg']}"
 
 
-def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> PipelineSpec:
+def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True,
+               allows: WorkerAllows | None = None) -> PipelineSpec:
     """Validate an already-parsed YAML document; raises SpecError. Relative paths of what stages
     read from outside the store resolve against `spec_dir` (the spec file's folder; None: the
     working folder); `read_sources=False` leaves them unread (a spec read back from the store to
-    evaluate a checkpoint: the stages that imported data have run)."""
+    evaluate a checkpoint: the stages that imported data have run). `allows` (a spec read back from
+    the store and not given by this process's author): only the variables and endpoints it allows."""
     if not isinstance(raw, dict):
         raise SpecError(f"spec: expected a mapping at the top level, got {type(raw).__name__}")
     filled: dict[str, str] = {}
     try:
-        raw = interpolate(raw, filled)
+        raw = interpolate(raw, filled, check_name=allows.check_variable if allows else None)
+        if allows is not None:
+            allows.check_endpoints(raw)
+        _check_url_credentials(raw)
         spec = PipelineSpec.model_validate(raw)
-    except UnsetVariable as exc:
+    except (UnsetVariable, NotAllowed) as exc:
         raise SpecError(str(exc)) from None
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, raw)) from None
@@ -182,7 +191,6 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True) -> P
         raise SpecError(f"storage_options.{credential_keys(spec.storage_options)[0]}: credentials must come "
                         "from the environment or the AWS credential chain, not the spec (only known non-secret "
                         "options are accepted here)")
-    _check_mlflow_uris(spec)
     if read_sources:  # a spec read back from the store only evaluates: its trainings have run
         _check_trackers(spec)
     return spec
@@ -204,15 +212,19 @@ def spec_folder(path: str | Path) -> str:
 
 
 def parse_spec_text(text: str, source: str = "spec", spec_dir: str | None = None,
-                    read_sources: bool = True) -> PipelineSpec:
+                    read_sources: bool = True, allows: WorkerAllows | None = None) -> PipelineSpec:
     """Parse and validate a spec's YAML text (`source` names it in YAML errors). A process parses a
     given text once: the CLI, the flow it starts and an inline evaluation reading the same text
     back from the store share the result (keyed by the text, the values of the environment
     variables it names and `spec_dir`, which relative source paths resolve against). The spec is shared, so nobody may modify it (model_copy(update=...)
-    makes a new one)."""
+    makes a new one). Without `allows` the text is its author's (trusted: filled from the whole
+    environment), and a spec read back from the store with the same text is too (`checkpoint_spec`)."""
     names = sorted({match.group(1) for match in ENV_VAR.finditer(text)})
+    if allows is None:
+        _AUTHORED.add(_full_hash(text))
     try:
-        return _parse_text(text, tuple((name, os.environ.get(name)) for name in names), spec_dir, read_sources)
+        return _parse_text(text, tuple((name, os.environ.get(name)) for name in names), spec_dir, read_sources,
+                           allows)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -220,37 +232,66 @@ def parse_spec_text(text: str, source: str = "spec", spec_dir: str | None = None
         raise SpecError(f"{source}:{where}: bad YAML: {problem}") from None
 
 
-_PARSED: dict[tuple, dict] = {}  # (text, environment) -> {(spec_dir, read_sources): spec}
+_PARSED: dict[tuple, dict] = {}  # (text, environment, allows) -> {(spec_dir, read_sources): spec}
 _PARSED_TEXTS = 16
+_AUTHORED: set[str] = set()  # the sha256 of every spec text this process was given by its author
 
 
-def _parse_text(text: str, environment: tuple, spec_dir: str | None, read_sources: bool) -> PipelineSpec:
-    """One parse per (text, environment, spec_dir, read_sources); a parse that leaves sources unread
-    (a spec read back from the store) takes any parse of the same text, which only adds to it."""
-    parses = _PARSED.setdefault((text, environment), {})
+def _full_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _parse_text(text: str, environment: tuple, spec_dir: str | None, read_sources: bool,
+                allows: WorkerAllows | None) -> PipelineSpec:
+    """One parse per (text, environment, allows, spec_dir, read_sources); a parse that leaves sources
+    unread (a spec read back from the store) takes any parse of the same text under the same
+    allowances, which only adds to it."""
+    parses = _PARSED.setdefault((text, environment, allows), {})
     if (spec_dir, read_sources) in parses:
         return parses[(spec_dir, read_sources)]
     if not read_sources and parses:
         return next(iter(parses.values()))
-    spec = parse_spec(yaml.safe_load(text), spec_dir, read_sources)
+    spec = parse_spec(yaml.safe_load(text), spec_dir, read_sources, allows)
     parses[(spec_dir, read_sources)] = spec
     while len(_PARSED) > _PARSED_TEXTS:
         del _PARSED[next(iter(_PARSED))]
     return spec
 
 
+def spec_hash_of(text: str) -> str:
+    """The name a spec's text is kept under in the store (`specs/<hash>.yaml`)."""
+    return hash_value(text)[:16]
+
+
 def checkpoint_spec(store, manifest: dict) -> PipelineSpec | None:
     """The spec a checkpoint was made from (every run keeps it in the store, `specs/<hash>.yaml`);
     None when its producer records none. StoreError if the file is gone, SpecError if it no
-    longer parses."""
+    longer parses, does not hash to its name, or asks for what this worker does not allow.
+
+    Whoever writes to the store may have written it: unless this process's author gave the very
+    same text, it is filled and checked under the worker's allow-lists (flows/worker_allows.py)."""
     spec_hash = manifest["producer"].get("spec")
     if not spec_hash:
         return None
-    text = store.read_bytes(store.path("specs", f"{spec_hash}.yaml")).decode()
+    source = f"specs/{spec_hash}.yaml"
+    data = store.read_bytes(store.path("specs", f"{spec_hash}.yaml"))
     try:
-        return parse_spec_text(text, f"specs/{spec_hash}.yaml", read_sources=False)
-    except SpecError as exc:
-        raise SpecError(f"specs/{spec_hash}.yaml (the spec of {manifest['ref']}): {exc}") from None
+        text = _stored_text(data, spec_hash)
+        allows = None if _full_hash(text) in _AUTHORED else WorkerAllows.from_environ()
+        return parse_spec_text(text, source, read_sources=False, allows=allows)
+    except (SpecError, NotAllowed) as exc:
+        raise SpecError(f"{source} (the spec of {manifest['ref']}): {exc}") from None
+
+
+def _stored_text(data: bytes, spec_hash: str) -> str:
+    """A kept spec's text, once it hashes to its name; SpecError otherwise."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    if text is None or spec_hash_of(text) != spec_hash:
+        raise SpecError("its text does not hash to its name (changed in the store after a run kept it): refused")
+    return text
 
 
 def _check_envs(spec: PipelineSpec) -> None:
@@ -274,16 +315,24 @@ def _check_trackers(spec: PipelineSpec) -> None:
                 raise SpecError(f"{path}: {tracker} is not installed; {install}")
 
 
-def _check_mlflow_uris(spec: PipelineSpec) -> None:
-    """No credentials in an `mlflow_uri` (`https://user:pw@host`): the request carries it to the
-    stage's process and to Prefect flow-run parameters. (Checked here, not by a pydantic validator,
-    whose error would repeat the value.)"""
-    named = [("defaults", spec.defaults)] + [(f"stages[{i}]", stage) for i, stage in enumerate(spec.stages)]
-    for path, settings in named:
-        uri = getattr(settings, "mlflow_uri", None) or ""
-        if "@" in uri.partition("://")[2].split("/")[0]:  # its authority (urlsplit raises on some typos)
-            raise SpecError(f"{path}.mlflow_uri: credentials must not be in the URI; set MLFLOW_TRACKING_USERNAME "
-                            "and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment")
+def _check_url_credentials(raw: dict) -> None:
+    """No credentials in any URL of the spec (every endpoint, the store and its `endpoint_url`,
+    `mlflow_uri`, a dataset's source: artifacts/urls.py says what counts): the spec travels to
+    workers and Prefect parameters, and an error naming the URL to states, logs and summaries.
+    Checked on the filled document before the fields are validated, whose errors repeat the value."""
+    fields = credential_url_fields(raw)
+    if fields:
+        raise SpecError(f"{fields[0]}: {CREDENTIALS}; {_where_credentials_go(fields[0])}")
+
+
+def _where_credentials_go(field: str) -> str:
+    """Where the credentials of the URL at `field` come from instead."""
+    name = field.rsplit(".", 1)[-1]
+    if name == "mlflow_uri":
+        return "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment"
+    if name == "endpoint":  # a rollout server, a teacher, a judge
+        return "give the key through api_key_env"
+    return FROM_THE_ENVIRONMENT  # the store, its options, a dataset's source
 
 
 def _check_graph(spec: PipelineSpec) -> None:

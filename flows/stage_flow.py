@@ -14,13 +14,15 @@ import os
 from prefect import flow
 
 from flows.placeholders import digest, fill_placeholders
+from flows.request_signing import check_signature
 
 from tasks.request import StageRequest
 from tasks.runtime.runner import run_stage, stage_task_options
 
 
 @flow(name="post-train-stage")
-def stage_flow(request: dict, placeholders: list[dict] | None = None, request_digest: str | None = None) -> dict[str, str]:
+def stage_flow(request: dict, placeholders: list[dict] | None = None, request_digest: str | None = None,
+               request_signature: str | None = None) -> dict[str, str]:
     """The stage's outputs {key: ref}, for the UI: the pipeline reads the stage's result from the store.
 
     `request` is a StageRequest as JSON, validated here by the worker's own code and the stage
@@ -28,7 +30,10 @@ def stage_flow(request: dict, placeholders: list[dict] | None = None, request_di
     fields and kinds of whatever code ran `prefect deploy`, and the server would refuse every
     stage once they drift. `placeholders` name the strings of `request` that hold a `${VAR}` of
     the spec, filled here from the worker's environment; `request_digest` is the orchestrator's request,
-    which the filled one must match (flows.placeholders)."""
+    which the filled one must match (flows.placeholders). `request_signature`: the orchestrator's
+    HMAC of the other three, which a worker holding POSTTRAIN_REQUEST_KEY checks first
+    (flows.request_signing)."""
+    check_signature(request, placeholders, request_digest, request_signature)
     request = filled_request(request, placeholders or [], request_digest)
     state = run_stage.with_options(**stage_task_options(request))(request, return_state=True)
     return state.result()["outputs"]  # a cached stage's task returns its Completed("Cached") state itself

@@ -7,9 +7,10 @@ import secrets
 from datetime import datetime, timezone
 
 from artifacts.refs import hash_value
-from artifacts.store import StoreLocation
+from artifacts.store import StoreLocation, first_line
 from envs.loader import env_package
 from flows.placeholders import digest, with_placeholders
+from flows.request_signing import request_key, sign
 from flows.spec import PipelineSpec
 from models.loading import base_identity
 from tasks.request import Producer, StageRequest
@@ -62,11 +63,16 @@ def launch_config(stage) -> str | None:
 
 def stage_parameters(spec: PipelineSpec, request: StageRequest) -> dict:
     """The parameters of the stage's flow run on a worker: the request as JSON with every value the
-    spec took from this process's environment put back as its `${VAR}` (the worker fills it)."""
+    spec took from this process's environment put back as its `${VAR}` (the worker fills it), and
+    with POSTTRAIN_REQUEST_KEY set, their signature (flows/request_signing.py)."""
     payload = request.model_dump(mode="json")
     check = digest(payload)
     payload, placed = with_placeholders(payload, spec.filled)
-    return {"request": payload, "placeholders": placed, "request_digest": check}
+    parameters = {"request": payload, "placeholders": placed, "request_digest": check}
+    key = request_key()
+    if key is not None:  # only then: a deployment of code older than the signature takes the others
+        parameters["request_signature"] = sign(key, payload, placed, check)
+    return parameters
 
 
 def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:
@@ -127,5 +133,5 @@ def state_error(state) -> str:
     try:
         state.result()
     except Exception as exc:  # the run's final exception
-        return f"{exc}".splitlines()[0] if str(exc) else type(exc).__name__
-    return state.message or state.name
+        return first_line(exc) or type(exc).__name__
+    return first_line(state.message or "") or state.name

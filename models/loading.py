@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -11,6 +12,21 @@ from models.config import ModelConfig
 from models.presets import PRESETS, materialize, preset_digest
 
 ADAPTER_CONFIG = "adapter_config.json"
+# the only weights loaded: safetensors hold tensors, while a pickle (pytorch_model.bin,
+# adapter_model.bin) may run code as it loads, and whoever can write the store can place one
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
+
+
+class PickledWeights(ValueError):
+    """A model or adapter folder without safetensors weights (perhaps a pickle only); one line."""
+
+
+def require_safetensors(folder: Path, names: tuple[str, ...]) -> None:
+    """Raise PickledWeights unless `folder` holds one of the safetensors files `names`."""
+    if not any((folder / name).is_file() for name in names):
+        raise PickledWeights(f"{folder}: no {' or '.join(names)}; weights load only as safetensors, never from a "
+                             "pickle such as pytorch_model.bin")
 
 
 def resolve_base(base: str) -> str:
@@ -75,23 +91,35 @@ def load_model(path: str | Path, model_cfg: ModelConfig, *, trainable: bool = Fa
     a reward model, a scalar score head over the same backbone (transformers' sequence
     classification with one label: a causal LM's folder gets a new head, a reward model's keeps
     its own)."""
-    from transformers import AutoModelForCausalLM
-
     path = Path(path) if Path(str(path)).exists() else path
     dtype = torch_dtype(model_cfg.dtype)
-    load = (lambda folder: with_pad_id(new_head_quietly(folder, dtype))) if reward_head else \
-        (lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
+    load = functools.partial(pretrained, dtype=dtype, reward_head=reward_head)
     if isinstance(path, Path) and (path / ADAPTER_CONFIG).exists():
         from peft import PeftConfig, PeftModel
 
+        # peft loads adapter_model.safetensors where there is one, else unpickles adapter_model.bin
+        require_safetensors(path, ADAPTER_WEIGHTS)
         config = PeftConfig.from_pretrained(str(path))
         if reward_head and config.task_type != "SEQ_CLS":
             return reward_model_on_policy_adapter(path, config, load(resolve_base(model_cfg.base)), trainable)
-        return PeftModel.from_pretrained(load(resolve_base(model_cfg.base)), str(path), is_trainable=trainable)
+        return PeftModel.from_pretrained(load(resolve_base(model_cfg.base)), str(path), is_trainable=trainable,
+                                         use_safetensors=True)
     model = load(str(path))
     if trainable and model_cfg.lora is not None:
         model = add_lora(model, model_cfg, "SEQ_CLS" if reward_head else "CAUSAL_LM")
     return model
+
+
+def pretrained(folder: str, dtype, reward_head: bool):
+    """A model from a folder or hub id, from safetensors weights only (a local folder without them
+    is a PickledWeights): a causal LM, or with `reward_head` a reward model."""
+    from transformers import AutoModelForCausalLM
+
+    if Path(folder).is_dir():
+        require_safetensors(Path(folder), MODEL_WEIGHTS)
+    if reward_head:
+        return with_pad_id(new_head_quietly(folder, dtype))
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
 
 
 def reward_model_on_policy_adapter(path: Path, config, model, trainable: bool):
@@ -120,7 +148,7 @@ def new_head_quietly(path: str, dtype):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, num_labels=1)
+        return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, num_labels=1, use_safetensors=True)
     finally:
         hf_logging.set_verbosity(level)
 

@@ -184,7 +184,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     from models.decoding import fast_decoder
 
     uniforms = row_uniforms(row_seeds, params.max_new_tokens) if params.temperature is not None else None
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ends, pad = torch.tensor(end_token_ids(model, tokenizer), dtype=torch.long), tokenizer.pad_token_id
     input_ids, attention = left_padded(prompts, pad, model.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     rows = len(prompts)
@@ -207,7 +207,7 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
             if on_step is not None:
                 on_step(active.tolist(), picked.tolist(), picked_logprobs.tolist(),
                         None if tops is None else [list(zip(i, v)) for i, v in zip(*(x.tolist() for x in tops))])
-            ended = picked == eos  # of the active rows
+            ended = torch.isin(picked, ends)  # of the active rows
             if params.stop:
                 ended |= _stop_hits(tokenizer, torch.stack(steps_tokens[-STOP_WINDOW:], 1)[active], params.stop)
             if abandoned is not None:
@@ -234,6 +234,16 @@ def _decode_batch(model, tokenizer, prompts: list[list[int]], params: SamplingPa
     if steps_top:
         _add_top_logprobs(gens, steps_top)
     return gens
+
+
+def end_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a completion, as vLLM ends one: the tokenizer's end token and every
+    `eos_token_id` of the model's generation_config (Qwen3's <|im_end|> and <|endoftext|>), so that a
+    local rollout stops where a server's would."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= {configured} if isinstance(configured, int) else {i for i in configured or () if isinstance(i, int)}
+    return sorted(ids)
 
 
 def top_tokens(logits, params: SamplingParams):

@@ -15,7 +15,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from artifacts.urls import scrub_urls
 from data_contracts.config import ContractConfig
+from envs.judge_requests import JudgeRequests
 from models.config import ModelConfig
 
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
@@ -213,7 +215,7 @@ class Endpoint(BaseModel):
     api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
 
     def describe(self) -> str:
-        return f"{self.model} at {self.endpoint}"
+        return f"{self.model} at {scrub_urls(self.endpoint)}"
 
 
 class EndpointTeacher(Endpoint):
@@ -223,10 +225,12 @@ class EndpointTeacher(Endpoint):
     temperature: float = Field(0, ge=0)  # 0: greedy
 
 
-class Judge(Endpoint):
-    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/rollout/judge.py)."""
+class Judge(Endpoint, JudgeRequests):
+    """A judge model at an endpoint: it grades each evaluated answer yes or no (tasks/rollout/judge.py),
+    asked through the judge client with its request settings (JudgeRequests: deadline, retries,
+    workers, reply size)."""
 
-    max_tokens: int = Field(8, gt=0)
+    max_tokens: int = Field(16, gt=0)  # room for its final line, `VERDICT: yes`
 
 
 # what drawing a report's curves imports (~0.5 s, then ~1 s for the first figure): loaded once by

@@ -45,8 +45,10 @@ def test_the_vllm_passes_start_vllm_with_the_documented_flags(tmp_path):
     lora, lora_env = server_command("vllm", "Qwen/Qwen3-0.6B", 8765, lora=True)
     assert {"--logprobs-mode", "processed_logprobs", "--enable-lora", "--max-loras", "--max-cpu-loras",
             "--max-model-len", "--max-lora-rank"} <= set(lora) and lora_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    full, full_env = server_command("vllm", "/ckpt", 8765, lora=False)
+    full, full_env = server_command("vllm", "/ckpt", 8765, lora=False, sync_root=tmp_path / "sync")
     assert full[full.index("--worker-extension-cls") + 1] == EXTENSION and full_env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert full_env["POSTTRAIN_SYNC_ROOT"] == str(tmp_path / "sync")
+    assert lora[lora.index("--host") + 1] == full[full.index("--host") + 1] == "127.0.0.1"  # never every interface
     assert full_env["PYTHONPATH"].split(":")[0] == str(ROOT / "deployments")
     for lora_on in (True, False):
         path = tmp_path / f"spec-{lora_on}.yaml"

@@ -12,7 +12,8 @@ from envs.arith import ArithEnv, ArithEnvConfig
 from envs.base import Task
 from envs.dataset import DatasetEnv, DatasetEnvConfig, JudgeScoring
 from tasks.rollout.judge import JUDGE_PROMPT
-from tasks.rollout.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers, judge_reward
+from tasks.rollout.judge_client import JudgeFailure, JudgeReplyError, Question, ScoreForm, read_reply
+from tasks.rollout.learned_rewards import JudgeConfigError, JudgeScorer, attach_scorers
 
 ARITH = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
 
@@ -24,15 +25,28 @@ def sums_env(rewards: list[dict]) -> DatasetEnv:
     return env
 
 
-@pytest.mark.parametrize("reply, reward", [("10", 1.0), ("Score: 7/10", 0.7), ("0", 0.0), ("-3", 0.0),
-                                           ("12", 1.0), ("2.5", 0.25)])
-def test_a_judges_first_number_is_scaled_to_a_reward(reply, reward):
-    assert judge_reward(reply, JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == pytest.approx(reward)
+def score_of(reply: str) -> float:
+    judge = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")
+    question = Question.of(judge.prompt, ScoreForm(judge.min_score, judge.max_score), "What is 3 + 4?",
+                           "The answer is 7.", "7")
+    return read_reply(reply, ScoreForm(judge.min_score, judge.max_score), question)
 
 
-def test_a_judge_reply_without_a_number_is_no_reward():
-    assert judge_reward("yes, it is right", JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="j")) == \
-        "answered no score: 'yes, it is right'"
+@pytest.mark.parametrize("reply, reward", [("SCORE: 10", 1.0), ("Right, and clear.\nSCORE: 7", 0.7), ("SCORE: 0", 0.0),
+                                           (" SCORE: 2.5 \n", 0.25)])
+def test_a_judges_final_score_line_is_scaled_to_a_reward(reply, reward):
+    assert score_of(reply) == pytest.approx(reward)
+
+
+@pytest.mark.parametrize("reply, failure", [
+    ("10", JudgeFailure.NO_FINAL_FORM), ("yes, it is right", JudgeFailure.NO_FINAL_FORM),
+    ("Score: 7/10", JudgeFailure.NO_FINAL_FORM), ("SCORE: 7\nit is right", JudgeFailure.NO_FINAL_FORM),
+    ("SCORE: 12", JudgeFailure.OUT_OF_RANGE), ("SCORE: -3", JudgeFailure.OUT_OF_RANGE),
+    ("SCORE: 3\nSCORE: 10", JudgeFailure.SEVERAL_FINAL_FORMS)])
+def test_a_judge_reply_without_one_final_score_line_in_range_is_no_reward(reply, failure):
+    with pytest.raises(JudgeReplyError) as error:
+        score_of(reply)
+    assert error.value.failure is failure
 
 
 def test_judge_prompts_must_hold_the_completion():
@@ -128,8 +142,8 @@ def test_a_judge_that_answers_no_score_is_a_one_line_error(judge_url):
     with pytest.raises(JudgeConfigError) as error:
         attach_scorers(env, "sums", None, None, "cpu")
     message = str(error.value)
-    assert message.startswith(f"envs.sums.rewards[1].judge: the judge judge at {judge_url} answered no score: ")
-    assert message.endswith("its prompt must ask for a number from 0 to 10") and "\n" not in message
+    assert message.startswith(f"envs.sums.rewards[1].judge: the judge judge at {judge_url} answered no score (")
+    assert message.endswith("its reply must end with the line SCORE: N, N from 0 to 10") and "\n" not in message
 
 
 def test_an_unreachable_judge_scores_nan_and_counts_the_error():

@@ -224,10 +224,12 @@ CASES = {
                                     "defaults.report_to[0]: Input should be 'mlflow', 'tensorboard' or 'wandb'"),
     "mlflow_uri with credentials": (
         with_stage(1, mlflow_uri="https://user:pw@mlflow.example"),
-        "stages[1].mlflow_uri: credentials must not be in the URI; set MLFLOW_TRACKING_USERNAME and "
-        "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the environment"),
+        "stages[1].mlflow_uri: the URL holds credentials (user:password@ or a secret-looking query parameter such as "
+        "api_key); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, in the "
+        "environment"),
     "mlflow_uri with credentials in defaults": (
-        {**GOOD, "defaults": {"mlflow_uri": "https://token@mlflow.example"}}, "defaults.mlflow_uri: credentials"),
+        {**GOOD, "defaults": {"mlflow_uri": "https://token@mlflow.example"}},
+        "defaults.mlflow_uri: the URL holds credentials"),
     "micro batch of 0": (with_stage(1, micro_batch_size=0), "stages[1].micro_batch_size: Input should be greater than 0"),
     "unknown mixed precision": (with_stage(1, mixed_precision="fp8"),
                                 "stages[1].mixed_precision: Input should be 'no', 'bf16' or 'fp16'"),

@@ -129,3 +129,38 @@ def wait_for(condition, seconds: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_vllm_a_greedy_group_is_one_request_per_completion(vllm_url):
+    """A group's samples share a prompt and count their seeds up: one request with `n`, except when
+    greedy, which vLLM refuses with `n` > 1 (400 "n must be 1 when using greedy sampling")."""
+    url, server = vllm_url
+    model, tokenizer = local_model()
+    policy = ServerPolicy.checked(fake_rollout(url), tokenizer, 512)
+    prompt = chat_prompt(tokenizer, ARITH.tasks("eval", 1, 4)[0].prompt)
+    before = len(server.requests)
+    generations = policy.generate_many([prompt] * 3, SamplingParams(12), [7, 8, 9])
+    assert [request["sampling"].n for request in server.requests[before:]] == [1, 1, 1]
+    local = LocalPolicy(model, tokenizer).generate_many([prompt] * 3, SamplingParams(12), [7, 8, 9])
+    assert [g.token_ids for g in generations] == [g.token_ids for g in local]
+    sampled = policy.generate_many([prompt] * 3, SamplingParams(12, temperature=1.0), [7, 8, 9])
+    assert len(sampled) == 3 and server.requests[-1]["sampling"].n == 3
+
+
+def test_vllm_the_local_engine_ends_on_the_generation_configs_end_ids_as_vllm_does():
+    """vLLM stops on the tokenizer's end token and on every eos_token_id of the model's
+    generation_config (Qwen3: <|im_end|> and <|endoftext|>); the local engine stopped on the first only."""
+    from models.sampling import generate_tokens
+
+    model, tokenizer = local_model()
+    prompt = chat_prompt(tokenizer, ARITH.tasks("eval", 1, 4)[0].prompt)
+    [free] = generate_tokens(model, tokenizer, [prompt], SamplingParams(12, stop=()))
+    third = free.token_ids[2]
+    assert third != tokenizer.eos_token_id and len(free.token_ids) > 3
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, third]
+    try:
+        [ended] = generate_tokens(model, tokenizer, [prompt], SamplingParams(12, stop=()))
+    finally:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    first = free.token_ids.index(third)
+    assert ended.token_ids == free.token_ids[:first + 1] and ended.finish_reason == "stop"

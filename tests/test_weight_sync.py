@@ -4,6 +4,7 @@ server, in lockstep and asynchronously. The server then answers as the trainer's
 
 import json
 import os
+from pathlib import Path
 
 import httpx
 import pytest
@@ -39,6 +40,22 @@ def greedy_server(policy: ServerPolicy, tokenizer) -> list[list[int]]:
     return [g.token_ids for g in generations]
 
 
+def versions_on_disk(folder) -> list[str]:
+    """The versions in a sync folder as `<stage>-v<N>`: each is `<stage>-<nonce>-v<N>-<random>`."""
+    import re
+
+    found = [re.fullmatch(r"(.+)-[0-9a-f]{8}-v(\d+)-[^-]+", p.name) for p in Path(folder).iterdir()]
+    assert all(found), sorted(p.name for p in Path(folder).iterdir())
+    return sorted(f"{m[1]}-v{m[2]}" for m in found)
+
+
+def adapter_of_version(url: str, version: int) -> str:
+    """The loaded adapter of weights version `version` (`<model>@<nonce>-v<N>`), from /v1/models."""
+    cards = httpx.get(f"{url}/models", timeout=60).json()["data"]
+    [name] = [card["id"] for card in cards if card["id"].endswith(f"-v{version}") and "@" in card["id"]]
+    return name
+
+
 def perturbed(model, seed: int, names: str = "") -> None:
     """Weights moved as training would move them (the adapter's B, or every weight)."""
     import torch
@@ -63,12 +80,12 @@ def test_a_lora_sync_makes_the_server_answer_as_the_adapter_does(sync_server, tm
     for version in (1, 2):
         perturbed(model, version, "lora_B")
         sync.publish(model, version)
-        assert policy.target == (f"{NAME}@v{version}", version)
+        assert policy.target == (f"{NAME}@{sync.nonce}-v{version}", version)
         assert greedy_server(policy, tokenizer) == greedy_local(model, tokenizer)
     assert greedy_local(model, tokenizer) != base  # the adapter changes what is decoded
     listed = httpx.get(f"{url}/models", headers={"Authorization": "Bearer k3y"}).json()["data"]
-    assert [card["id"] for card in listed] == [NAME, f"{NAME}@v2"]  # the version before was unloaded
-    assert sorted(p.name for p in folder.iterdir()) == ["rl-v2"]
+    assert [card["id"] for card in listed] == [NAME, f"{NAME}@{sync.nonce}-v2"]  # the version before was unloaded
+    assert versions_on_disk(folder) == ["rl-v2"]
     policy.target = (NAME, 0)
     assert greedy_server(policy, tokenizer) == base  # the served weights alone, as before
 
@@ -192,7 +209,7 @@ def test_an_rl_stage_decodes_on_the_server_and_the_server_ends_with_its_weights(
         tokenizer = load_tokenizer(outputs["checkpoint"].local_dir)
         trained = load_model(outputs["checkpoint"].local_dir, model)
         policy = ServerPolicy(url, "policy", tokenizer)
-        policy.target = ("policy@v4", 4) if case == "lora" else ("policy", 4)
+        policy.target = (adapter_of_version(url, 4), 4) if case == "lora" else ("policy", 4)
         assert greedy_server(policy, tokenizer) == greedy_local(trained, tokenizer)
         if case == "asynchronous":
             capsys.readouterr()

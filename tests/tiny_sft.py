@@ -41,17 +41,23 @@ def sft_folder(model, tokenizer, examples: list, steps: int, prefix: str) -> Pat
 
 
 def judge_folder(replies: str) -> Path:
-    """tiny-llama after a short SFT on judge prompts about one-digit arith answers, in one of the
-    formats posttrain's judges use: `yes_no`, tasks/rollout/judge.py's prompt answered yes (right)
-    or no (a wrong number); `score`, a judge reward's default prompt answered 10 or 0. (One model
-    taught both mixes them up.)"""
+    """tiny-llama after a short SFT on judge requests about one-digit arith answers, exactly as the
+    judge client sends them (tasks/rollout/judge_client.py: the completion fenced, the rules in a
+    system message), in one of the forms posttrain's judges answer: `yes_no`, tasks/rollout/judge.py's
+    question answered `VERDICT: yes` (right) or `VERDICT: no` (a wrong number); `score`, a judge
+    reward's default prompt answered `SCORE: 10` or `SCORE: 0`. (One model taught both mixes them up.)
+    30 steps teach the form, not the grading (the yes/no model answers yes to nearly all): the tests
+    check how a judge is asked and read, and the fenced requests are 3.5 times as long as the bare
+    prompts were."""
     from envs.arith import ArithEnv, ArithEnvConfig
     from envs.dataset import JudgeScoring
-    from tasks.common.encoding import encode_example
-    from tasks.rollout.judge import judge_prompt
+    from models.serving.model import render_prompt
+    from tasks.common.encoding import encode_ids
+    from tasks.rollout.judge import verdict_question
+    from tasks.rollout.judge_client import Question, ScoreForm
 
     arith = ArithEnv(ArithEnvConfig(kind="arith", digits=1))
-    score_prompt = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="judge").prompt
+    scoring = JudgeScoring(endpoint="http://127.0.0.1:1/v1", model="judge")
     model, tokenizer = tiny_llama()
     examples = []
     for task in arith.tasks("train", 128, 0):
@@ -59,7 +65,11 @@ def judge_folder(replies: str) -> Path:
         wrong = right.replace(f"is {task.answer}.", f"is {int(task.answer) + 1}.")
         for completion, verdict, score in ((right, "yes", "10"), (wrong, "no", "0")):
             row = {"prompt": task.prompt, "answer": task.answer, "completion": completion}
-            prompt, reply = (judge_prompt(row), verdict) if replies == "yes_no" else \
-                (score_prompt.format(prompt=task.prompt, completion=completion), score)
-            examples.append(encode_example(tokenizer, prompt, reply, 256))
-    return sft_folder(model, tokenizer, examples, 80 if replies == "yes_no" else 30, f"posttrain-judge-{replies}-")
+            question, reply = (verdict_question(row), f"VERDICT: {verdict}") if replies == "yes_no" else \
+                (Question.of(scoring.prompt, ScoreForm(scoring.min_score, scoring.max_score), task.prompt,
+                             completion, task.answer), f"SCORE: {score}")
+            prompt_ids = tokenizer(render_prompt(tokenizer, question.messages, True, False),
+                                   add_special_tokens=False)["input_ids"]
+            reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            examples.append(encode_ids(prompt_ids, reply_ids, 448))
+    return sft_folder(model, tokenizer, examples, 30, f"posttrain-judge-{replies}-")

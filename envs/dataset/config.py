@@ -9,6 +9,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
+from artifacts.urls import scrub_urls
+from envs.judge_requests import JudgeRequests
+
 BUILTIN_REWARDS = "posttrain.rewards"  # how a spec names envs/rewards.py
 # module:function, or a module's file and its function (path/to/my_rewards.py:function)
 FUNCTION = r"^(?:[A-Za-z_][\w.]*|(?:[^:]*/)?[A-Za-z_]\w*\.py):[A-Za-z_]\w*$"
@@ -69,24 +72,22 @@ class RewardModelReward(BaseModel):
         return self.name or self.reward_model
 
 
-class JudgeScoring(BaseModel):
-    """A model behind an OpenAI-compatible endpoint that answers a score for each completion:
-    `prompt` is filled with {prompt}, {completion} and {answer} (the row's answer column, if any);
-    the first number of its reply, from `min_score` to `max_score`, becomes a reward in [0, 1]."""
-
-    model_config = ConfigDict(extra="forbid")
+class JudgeScoring(JudgeRequests):
+    """A model behind an OpenAI-compatible endpoint that answers a score for each completion
+    (tasks/rollout/judge_client.py): `prompt` is filled with {prompt}, {completion} (fenced: the
+    client puts it between delimiters and tells the judge it is data) and {answer} (the row's answer
+    column, if any); the reply's last line must be `SCORE: <number>`, from `min_score` to
+    `max_score`, which becomes a reward in [0, 1]. Its request settings are the JudgeRequests group."""
 
     endpoint: str = Field(pattern=r"^https?://\S+$")  # base URL, ending in /v1
     model: str
     api_key_env: str | None = None  # the environment variable holding the API key (never the key itself)
+    # the fence's rules and the `SCORE:` line are the client's to ask for, in a system message
     prompt: str = ("Rate the response to the task from 0 (useless or wrong) to 10 (excellent and correct).\n\n"
-                   "Task:\n{prompt}\n\nResponse:\n{completion}\n\nReply with the number only.")
+                   "Task:\n{prompt}\n\nResponse:\n{completion}")
     min_score: float = 0.0
     max_score: float = 10.0
-    max_tokens: int = Field(16, gt=0)
-    timeout_seconds: float = Field(60.0, gt=0)
-    retries: int = Field(2, ge=0)  # a request that times out or fails is tried again this many times
-    max_workers: int = Field(4, gt=0)  # requests in flight at once
+    max_tokens: int = Field(16, gt=0)  # room for its final line, `SCORE: 10`
 
     @model_validator(mode="after")
     def _valid(self):
@@ -100,7 +101,7 @@ class JudgeScoring(BaseModel):
         return self
 
     def describe(self) -> str:
-        return f"{self.model} at {self.endpoint}"
+        return f"{self.model} at {scrub_urls(self.endpoint)}"
 
 
 class JudgeReward(BaseModel):

@@ -9,6 +9,7 @@ pipeline's own evaluation loads it; `--device` overrides the spec's `model.devic
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import get_args
 
@@ -28,13 +29,15 @@ class ServeModelInputError(Exception):
 
 def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None,
                 limits: Limits | None = None, device: str | None = None, *, lora_folder: str | None = None,
-                api_key: str | None = None) -> int:
+                api_key: str | None = None, insecure_no_auth: bool = False) -> int:
     """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds, on
     `device` (auto | cpu; None: the spec's `model.device`), with runtime LoRA adapters from
-    `lora_folder` and every /v1 route behind `api_key` when given; exit code."""
+    `lora_folder` and every /v1 route behind `api_key` when given (required off loopback unless
+    `insecure_no_auth`); exit code."""
     from models.serving import model_config
     from models.serving.app import ListenError, serve
 
+    check_authenticated(host, api_key, insecure_no_auth)
     check_limits(limits or Limits())
     check_device(device)
     if lora_folder is not None and not Path(lora_folder).is_dir():
@@ -70,6 +73,26 @@ def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
     except OSError as exc:  # a remote store that fails mid-copy
         raise ServeModelInputError(f"store: cannot read {ref} from {store.uri} ({type(exc).__name__}: "
                                    f"{first_line(exc)})") from None
+
+
+def check_authenticated(host: str, api_key: str | None, insecure_no_auth: bool) -> None:
+    """Off loopback a server without a key answers, and loads weights for, whoever reaches the port:
+    refused unless the operator says an authenticating proxy stands in front (`--insecure-no-auth`)."""
+    if api_key or insecure_no_auth or is_loopback(host):
+        return
+    raise ServeModelInputError(f"--host: {host} is reachable from other machines and no key is set; give one with "
+                               "--api-key-env VAR, or pass --insecure-no-auth if an authenticating proxy stands in "
+                               "front")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only: localhost, 127.0.0.0/8 or ::1."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # another host name: it may resolve anywhere
+        return False
 
 
 def check_device(device: str | None) -> None:

@@ -16,11 +16,12 @@ from flows.cli.common import (
 
 
 def cmd_eval(args) -> int:
+    if args.endpoint:
+        check_endpoint_url(args.endpoint)  # before the evaluation's modules (Prefect) load
+        return _eval_endpoint(args)
     from flows.cli.eval import run_eval
     from flows.evaluate import EvaluationInputError
 
-    if args.endpoint:
-        return _eval_endpoint(args)
     if not args.ref:
         raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
     store = open_store(args.store)
@@ -30,6 +31,15 @@ def cmd_eval(args) -> int:
         return run_eval(store, ref, args.env, args.n, args.max_new_tokens)
     except EvaluationInputError as exc:
         raise UserError(str(exc)) from None
+
+
+def check_endpoint_url(url: str) -> None:
+    """No credentials in `--endpoint`: the URL shows in the lines printed and in every error naming
+    it (checked before the evaluation's modules load)."""
+    from artifacts.urls import CREDENTIALS, holds_credentials
+
+    if holds_credentials(url):
+        raise UserError(f"--endpoint: {CREDENTIALS}; give the key through --api-key-env")
 
 
 def _eval_endpoint(args) -> int:
@@ -94,7 +104,7 @@ def cmd_serve_model(args) -> int:
             raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
     try:
         return serve_model(args.ref, args.store, args.host, args.port, args.name, limits, args.device,
-                           lora_folder=args.lora_folder, api_key=api_key)
+                           lora_folder=args.lora_folder, api_key=api_key, insecure_no_auth=args.insecure_no_auth)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 
@@ -124,7 +134,8 @@ def add_serving_commands(commands) -> None:
     serve_model = commands.add_parser("serve-model", help="serve a checkpoint as an OpenAI-compatible API")
     serve_model.add_argument("ref", help="a checkpoint, name@version or name@latest")
     serve_model.add_argument("--port", type=int, default=8000)
-    serve_model.add_argument("--host", default="127.0.0.1")
+    serve_model.add_argument("--host", default="127.0.0.1", help="the address to listen on; off loopback "
+                             "(127.0.0.0/8, ::1, localhost) it needs a key, or --insecure-no-auth")
     serve_model.add_argument("--name", help="model name the API lists (default: the ref)")
     serve_model.add_argument("--store", default=DEFAULT_STORE)
     serve_model.add_argument("--device", choices=("auto", "cpu"), help="auto: the first GPU when CUDA is present, "
@@ -147,4 +158,6 @@ def add_serving_commands(commands) -> None:
     key.add_argument("--api-key-env", help="environment variable holding the API key every /v1 request must send")
     key.add_argument("--api-key", help="the API key itself, as vLLM's flag (other local users can read a "
                      "process's arguments: prefer --api-key-env)")
+    serve_model.add_argument("--insecure-no-auth", action="store_true", help="serve off loopback without a key "
+                             "(only behind a proxy that authenticates)")
     serve_model.set_defaults(func=cmd_serve_model)

@@ -58,6 +58,8 @@ class Adapters:
 
     def __init__(self, folder: str | Path | None, served_name: str):
         self.folder = Path(folder).resolve() if folder is not None else None
+        # the folder as it was given: a trainer names its versions by that path, never a resolved one
+        self.given = Path(folder).absolute() if folder is not None else None
         self.served_name = served_name
         self.names: set[str] = set()
 
@@ -67,7 +69,7 @@ class Adapters:
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
             file = candidate / name
             if file.is_symlink() or not file.is_file():
-                raise ServingError(400, f"lora_path: no {name} in {candidate.relative_to(self.folder)}",
+                raise ServingError(400, f"lora_path: no {name} in {candidate.name}",
                                    param="lora_path")
         return candidate
 
@@ -80,11 +82,11 @@ class Adapters:
             candidate = self.folder / candidate
         if ".." in candidate.parts:
             raise ServingError(400, f"{field}: `..` is not allowed", param=field)
-        try:
-            relative = candidate.relative_to(self.folder)
-        except ValueError:
-            raise ServingError(400, f"{field}: not inside the LoRA folder {self.folder}", param=field) from None
-        walked = self.folder
+        base = next((folder for folder in (self.folder, self.given) if candidate.is_relative_to(folder)), None)
+        if base is None:
+            raise ServingError(400, f"{field}: not inside the LoRA folder {self.folder}", param=field)
+        relative = candidate.relative_to(base)
+        walked = base
         for part in relative.parts:
             walked = walked / part
             if walked.is_symlink():

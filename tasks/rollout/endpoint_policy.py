@@ -14,12 +14,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from artifacts.store import first_line
+from artifacts.urls import ScrubbedError
 from models.sampling import Generation, SamplingParams, before_stop
 from tasks.rollout.episodes import Context, ended_ids
 
 
-class EndpointError(RuntimeError):
-    """The endpoint cannot answer (unreachable, unknown model, a refused request); one line."""
+class EndpointError(ScrubbedError, RuntimeError):
+    """The endpoint cannot answer (unreachable, unknown model, a refused request); one line, whose
+    URLs show no credentials (a policy built past the spec's check may hold some)."""
 
 
 class EndpointConfigError(ValueError):

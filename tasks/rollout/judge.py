@@ -1,46 +1,44 @@
 """A judge rubric: a model behind an OpenAI-compatible endpoint grades each evaluated answer.
 
-The judge sees the task's prompt, its reference answer and the policy's transcript and answers
-yes or no. Its verdict goes beside the verifiable one: rows get `judge` (1.0 yes, 0.0 no, NaN
-when the judge answered neither: counted, never a silent 0), and the metrics `judge_accuracy`
-(share judged correct), `judge_agreement` (share where the judge and the env's check agree) and
-`judge_unparsed`. Where an env has no programmatic check, the judge is the grade; where it has
-one, the agreement says how far the judge can be trusted.
+The judge sees the task's prompt, its reference answer and the policy's transcript (fenced: it is
+data, tasks/rollout/judge_client.py) and ends its reply with `VERDICT: yes` or `VERDICT: no`. Its
+verdict goes beside the verifiable one: rows get `judge` (1.0 yes, 0.0 no, NaN when the request
+failed or the reply held no verdict) and `judge_error` (that failure's reason, else None), and the
+metrics `judge_accuracy` (share judged correct), `judge_agreement` (share where the judge and the
+env's check agree), `judge_errors` and `judge_errors_<reason>`. A failed request is that row's
+missing verdict, counted: it never fails the evaluation. Where an env has no programmatic check,
+the judge is the grade; where it has one, the agreement says how far the judge can be trusted.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 
-from models.sampling import SamplingParams
+from tasks.config import Judge
+from tasks.rollout.judge_client import JudgeClient, JudgeError, JudgeFailure, Question, VerdictForm, error_metrics
 
 JUDGE_PROMPT = ("You grade answers to tasks.\n\nTask:\n{prompt}\n\nReference answer: {answer}\n\n"
-                "Response:\n{completion}\n\nIs the response's final answer correct? Reply yes or no.")
-_FIRST_WORD = re.compile(r"[a-z]+")
+                "Response:\n{completion}\n\nIs the response's final answer correct?")
 
 
-def judge_prompt(row: dict) -> str:
-    return JUDGE_PROMPT.format(prompt=row["prompt"], answer=row["answer"], completion=row["completion"])
+def verdict_question(row: dict) -> Question:
+    """What the judge is asked about an evaluated row (what the test judge models are taught on)."""
+    return Question.of(JUDGE_PROMPT, VerdictForm(), row["prompt"], row["completion"], row["answer"])
 
 
-def verdict(text: str) -> float:
-    """1.0 for a reply starting with yes, 0.0 for no, NaN for anything else."""
-    word = _FIRST_WORD.search(text.strip().lower())
-    return {"yes": 1.0, "no": 0.0}.get(word.group(0) if word else "", math.nan)
-
-
-def judge_rows(rows: list[dict], judge, tokenizer, max_workers: int = 4) -> None:
-    """Ask the judge about every row (greedy, `judge.max_tokens`); sets each row's `judge`."""
-    from tasks.rollout.endpoint_policy import EndpointPolicy
-
-    policy = EndpointPolicy.of(judge, tokenizer, "judge")
-    params = SamplingParams(judge.max_tokens)
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        replies = list(pool.map(lambda row: policy.complete(judge_prompt(row), params), rows))
-    for row, reply in zip(rows, replies):
-        row["judge"] = verdict(reply)
+def judge_rows(rows: list[dict], judge: Judge) -> None:
+    """Ask the judge about every row (`judge.max_workers` at a time); sets each row's `judge` and
+    `judge_error`."""
+    client = JudgeClient.of(judge, VerdictForm(), JUDGE_PROMPT, "judge")
+    try:
+        verdicts = client.judge_all([(row["prompt"], row["completion"], row["answer"]) for row in rows])
+    finally:
+        client.close()
+    for row, verdict in zip(rows, verdicts):
+        failed = isinstance(verdict, JudgeError)
+        row["judge"] = math.nan if failed else verdict
+        row["judge_error"] = verdict.failure.value if failed else None
 
 
 def judge_metrics(rows: list[dict]) -> dict:
@@ -48,8 +46,9 @@ def judge_metrics(rows: list[dict]) -> dict:
     graded = [row for row in rows if "judge" in row]
     if not graded:
         return {}
-    parsed = [row for row in graded if not math.isnan(row["judge"])]
-    return {"judge_accuracy": sum(row["judge"] for row in parsed) / len(parsed) if parsed else math.nan,
-            "judge_agreement": sum(row["judge"] == float(row["correct"]) for row in parsed) / len(parsed)
-            if parsed else math.nan,
-            "judge_unparsed": len(graded) - len(parsed)}
+    judged = [row for row in graded if row["judge_error"] is None]
+    failures = Counter(JudgeFailure(row["judge_error"]) for row in graded if row["judge_error"] is not None)
+    return {"judge_accuracy": sum(row["judge"] for row in judged) / len(judged) if judged else math.nan,
+            "judge_agreement": sum(row["judge"] == float(row["correct"]) for row in judged) / len(judged)
+            if judged else math.nan,
+            **error_metrics(failures)}

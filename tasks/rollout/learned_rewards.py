@@ -4,25 +4,32 @@ rewards (envs/dataset/), attached by the stage that plays the env (tasks/rollout
 Each keeps a cache of its scores by (prompt, completion) for the stage's run, so a completion
 sampled twice (a group's identical answers, greedy repeats) is scored once, and scores many at
 once when the stage prefetches a batch (`Rubric.prefetch`): a reward model in batches through its
-forward, a judge in concurrent requests. A score that cannot be had (a judge that timed out after
-its retries, or answered no number) raises when the rubric asks for it: the rubric records the
-error and the episode's reward is NaN, counted (`reward_errors`), never a silent 0.
+forward, a judge in concurrent requests (through the one judge client, tasks/rollout/judge_client.py:
+the completion fenced, the score read from the reply's final `SCORE:` line only). A score that
+cannot be had (a judge request past its deadline, a reply with no final score line) raises when the
+rubric asks for it: the rubric records the error and the episode's reward is NaN, counted
+(`reward_errors`; a judge's errors by reason in `judge_errors_<reason>`), never a silent 0.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 
-from envs.dataset import JudgeReward, JudgeScoring, RewardModelReward
+from envs.dataset import DatasetEnv, JudgeReward, JudgeScoring, RewardModelReward
 from models.loading import load_model, load_tokenizer
-from models.sampling import SamplingParams
 from tasks.common.errors import ConfigMismatch
-from tasks.rollout.endpoint_policy import EndpointError, EndpointPolicy, endpoint_api_key
+from tasks.rollout.endpoint_policy import EndpointError
+from tasks.rollout.judge_client import (
+    JudgeClient,
+    JudgeError,
+    JudgeFailure,
+    JudgeReplyError,
+    JudgeRequestError,
+    ScoreForm,
+    error_metrics,
+)
 from tasks.rollout.reward_models import check_same_tokenizer, reward_examples, scores_in_batches
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class JudgeConfigError(ConfigMismatch):
@@ -59,60 +66,49 @@ class RewardModelScorer:
 
 class JudgeScorer:
     """A judge model at an OpenAI-compatible endpoint answering a score per completion: its reply's
-    first number, from min_score to max_score, as a reward in [0, 1]."""
+    final line `SCORE: <number>`, from min_score to max_score, as a reward in [0, 1]."""
 
     def __init__(self, judge: JudgeScoring, field: str):
         self.judge, self.field = judge, field
-        self.policy = EndpointPolicy(judge.endpoint, judge.model, None, api_key=endpoint_api_key(judge, field),
-                                     max_retries=judge.retries, timeout=judge.timeout_seconds)
-        self.cache: dict[tuple[str, str, str], float | str] = {}  # a score, or why there is none
+        self.client = JudgeClient.of(judge, ScoreForm(judge.min_score, judge.max_score), judge.prompt, field)
+        self.cache: dict[tuple[str, str, str], float | JudgeError] = {}  # a score, or why there is none
 
     def check(self, prompt: str, completion: str, answer: str) -> None:
         """One request before any training: the endpoint answers, and answers a score."""
         try:
-            value = self._ask((prompt, completion, answer))
-        except EndpointError as exc:  # perhaps passing: the stage's retries may find it up
+            value = self.client.judge(prompt, completion, answer)
+        except JudgeRequestError as exc:  # perhaps passing: the stage's retries may find it up
             raise EndpointError(f"{self.field}: {exc}") from None
-        if isinstance(value, str):
-            raise JudgeConfigError(f"{self.field}: the judge {self.judge.describe()} {value}; its prompt must ask "
-                                   f"for a number from {self.judge.min_score:g} to {self.judge.max_score:g}")
+        except JudgeReplyError as exc:  # it answers, but no score: asking again gets the same
+            raise JudgeConfigError(f"{self.field}: the judge {self.judge.describe()} answered no score ({exc}); "
+                                   f"its reply must end with the line SCORE: N, N from {self.judge.min_score:g} "
+                                   f"to {self.judge.max_score:g}") from None
         self.cache[(prompt, completion, answer)] = value
 
     def prefetch(self, items: list[tuple[str, str, str]]) -> None:
         missing = list(dict.fromkeys(item for item in items if item not in self.cache))
-        with ThreadPoolExecutor(max_workers=self.judge.max_workers) as pool:
-            for item, value in zip(missing, pool.map(self._answer, missing)):
-                self.cache[item] = value
+        for item, value in zip(missing, self.client.judge_all(missing)):
+            self.cache[item] = value
 
     def score(self, prompt: str, completion: str, answer: str) -> float:
         key = (prompt, completion, answer)
         if key not in self.cache:
             self.prefetch([key])
         value = self.cache[key]
-        if isinstance(value, str):
-            raise ValueError(f"judge {self.judge.describe()} {value}")
+        if isinstance(value, JudgeError):
+            raise value  # the rubric records it: NaN, counted
         return value
 
-    def _answer(self, item: tuple[str, str, str]) -> float | str:
-        try:
-            return self._ask(item)
-        except EndpointError as exc:
-            return f"failed: {exc}"
-
-    def _ask(self, item: tuple[str, str, str]) -> float | str:
-        prompt, completion, answer = item
-        text = self.judge.prompt.format(prompt=prompt, completion=completion, answer=answer)
-        return judge_reward(self.policy.complete(text, SamplingParams(self.judge.max_tokens)), self.judge)
+    def error_counts(self) -> Counter[JudgeFailure]:
+        return self.client.errors.counts()
 
 
-def judge_reward(reply: str, judge: JudgeScoring) -> float | str:
-    """The reward in a judge's reply: its first number scaled from [min_score, max_score] to [0, 1]
-    (clamped), or why there is none."""
-    found = _NUMBER.search(reply)
-    if found is None:
-        return f"answered no score: {reply.strip()[:80]!r}"
-    value = (float(found.group(0)) - judge.min_score) / (judge.max_score - judge.min_score)
-    return min(1.0, max(0.0, value))
+def judge_error_metrics(envs) -> dict[str, int]:
+    """`judge_errors` and `judge_errors_<reason>` of the judge rewards of these envs, counted by this
+    process so far in the stage; empty where no env has a judge reward."""
+    judges = [scorer for env in envs if isinstance(env, DatasetEnv)
+              for scorer in env.scorers.values() if isinstance(scorer, JudgeScorer)]
+    return error_metrics(sum((judge.error_counts() for judge in judges), Counter())) if judges else {}
 
 
 def attach_scorers(env, env_id: str, fetch, model_cfg, device: str, policy_tokenizer=None) -> None:

@@ -11,11 +11,15 @@ validate --check-endpoints`), each failure one line naming the endpoint and what
 - Whether it has sampling defaults of its own (vLLM: the model's generation_config, e.g. Qwen3's
   top_k 20): a request that leaves the fields out decodes from another distribution than one that
   sets them. Every rollout request sets every field, so they never apply; the check says so.
-- What it is: vLLM answers /version (full-weight sync differs: tasks/rollout/weight_sync.py).
+- What it is: vLLM answers /version (full-weight sync differs: tasks/rollout/weight_sync.py, and
+  gates on the version). A vLLM server that is paused (its /is_paused, a development route) is
+  refused at once: every request would wait for a /resume, and a weight sync leaves a server paused
+  only when its weights may be mixed.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from models.sampling import SamplingParams
@@ -30,6 +34,8 @@ def check_server(policy) -> None:
     """Check `policy`'s server (a ServerPolicy) and record what was found in `policy.server`."""
     version = vllm_version(policy)
     policy.server = {"kind": "vllm", "version": version} if version else {"kind": "other"}
+    if version:
+        refuse_paused(policy)
     at_one = probe(policy, SamplingParams(1, temperature=1.0))
     not_logits(policy, at_one)
     returned_tokens(policy.base_url, at_one, 1)
@@ -106,6 +112,33 @@ def vllm_version(policy) -> str | None:
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return version if isinstance(version, str) else None
+
+
+def refuse_paused(policy) -> None:
+    """A paused vLLM server in one line (a server without the development routes is never paused)."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{policy.root_url}/is_paused", timeout=30,
+                             headers={"Authorization": f"Bearer {policy.api_key}"} if policy.api_key else {})
+        paused = response.status_code == 200 and response.json().get("is_paused") is True
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return  # unreachable: the probes below say so
+    if paused:
+        raise EndpointError(f"{policy.base_url}: the server is paused (GET /is_paused): a weight sync that failed "
+                            "part way leaves it so, its weights possibly mixed; restart it (or POST /resume if its "
+                            "weights are whole)")
+
+
+def vllm_at_least(version: str | None, minimum: tuple[int, ...]) -> bool:
+    """Whether a vLLM version string (\"0.15.1\", \"0.16.0rc1.dev12+g0a1b2c\") is at least `minimum`."""
+    numbers = []
+    for part in (version or "").split(".")[:len(minimum)]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return bool(numbers) and tuple(numbers + [0] * (len(minimum) - len(numbers))) >= minimum
 
 
 def described(policy) -> str:

@@ -36,6 +36,7 @@ from tasks.rollout.server_checks import check_server, returned_tokens
 
 MAX_CONCURRENT = 64  # requests in flight at once (a turn's episodes)
 MAX_N = 64  # choices of one request (serve-model's cap)
+GREEDY_BELOW = 1e-5  # a temperature under this decodes greedily on vLLM, where `n` must then be 1
 # every sampling field a request could leave to the server, at the value that leaves the distribution
 # as the trainer scores it (temperature and top_p are the sampling's own)
 NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": []}
@@ -97,8 +98,11 @@ class ServerPolicy:
         """A completion of each prompt with its seed, `max_concurrent` requests in flight (the server
         batches them); `on_done(count)` as they come back. A run of the same prompt with consecutive
         seeds (a group's samples at their first turn) is one request with `n`: vLLM and serve-model
-        sample choice j with seed + j, as the local engine samples row j of the run."""
-        runs = seed_runs(prompts, seeds)
+        sample choice j with seed + j, as the local engine samples row j of the run. Not when greedy:
+        vLLM answers 400 to a greedy request with `n` > 1 ("n must be 1 when using greedy sampling"),
+        so each greedy completion is a request of its own."""
+        greedy = params.temperature is None or params.temperature < GREEDY_BELOW
+        runs = seed_runs(prompts, seeds, max_n=1 if greedy else MAX_N)
         done, lock = [0], threading.Lock()
 
         def one(run: tuple[int, int]) -> list[Generation]:
@@ -176,11 +180,11 @@ class ServerPolicy:
         return sampling
 
 
-def seed_runs(prompts: list[list[int]], seeds: list[int]) -> list[tuple[int, int]]:
-    """(first index, length) of each run of equal prompts whose seeds count up by one."""
+def seed_runs(prompts: list[list[int]], seeds: list[int], max_n: int = MAX_N) -> list[tuple[int, int]]:
+    """(first index, length) of each run of equal prompts whose seeds count up by one, at most `max_n` long."""
     runs: list[tuple[int, int]] = []
     for k, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        if runs and prompt == prompts[k - 1] and seed == seeds[k - 1] + 1 and runs[-1][1] < MAX_N:
+        if runs and prompt == prompts[k - 1] and seed == seeds[k - 1] + 1 and runs[-1][1] < max_n:
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
             runs.append((k, 1))

@@ -159,7 +159,7 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str,
         greedy = score_rows(env, roll_out(policy, tokenizer, env, own, SamplingParams(stage.max_new_tokens)),
                             checkpoint=label, mode="greedy")
         if stage.judge is not None:
-            judge_rows(greedy, stage.judge, tokenizer)
+            judge_rows(greedy, stage.judge)  # a failed request: that row's verdict NaN, counted
         sampled = [None] * len(own)
         if stage.sampled is not None:
             params = SamplingParams(stage.max_new_tokens, stage.sampled.temperature, stage.sampled.top_p)

@@ -26,6 +26,7 @@ from tasks.config import ONE_SEQUENCE_ONLY, SpecView, StageBase
 from tasks.rollout.backends import LocalRollout, Rollout
 from tasks.rollout.envs import stage_env
 from tasks.rollout.episodes import Trajectory, roll_out, single_turn
+from tasks.rollout.learned_rewards import judge_error_metrics
 from tasks.rollout.scoring import prefetch_scores, score_episode
 
 
@@ -185,6 +186,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
     if greedy:
         metrics.update(greedy_accuracy=round(sum(r["correct"] for r in greedy) / len(greedy), 4),
                        greedy_doom_loop_rate=round(sum(r["doom_loop"] for r in greedy) / len(greedy), 4))
+    metrics.update(judge_error_metrics([env]))  # a judge reward's errors by reason (this process's share)
     ctx.log(f"{len(rows)} rollouts over {len(tasks)} prompts: {metrics}")
     contract = ContractParams(kind="rollouts", group_size=stage.samples + stage.greedy,
                               reward_range=env.rubric.reward_range, context_length=context_length(resolve_base(ctx.model.base)))

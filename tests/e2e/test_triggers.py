@@ -171,7 +171,10 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as prefect_env:
         api = prefect_env["PREFECT_API_URL"]
-        server = {**prefect_env, "POSTTRAIN_TEST_BASE": "tiny-llama", "POSTTRAIN_ALLOWED_STORES": f"file://{store}"}
+        # the triggered evaluation reads the spec back from the store: it fills only the variables allowed;
+        # the stages go to the worker signed with the request key both sides hold
+        server = {**prefect_env, "POSTTRAIN_TEST_BASE": "tiny-llama", "POSTTRAIN_ALLOWED_STORES": f"file://{store}",
+                  "POSTTRAIN_ALLOWED_VARIABLES": "POSTTRAIN_TEST_BASE", "POSTTRAIN_REQUEST_KEY": "k" * 64}
         env = {**os.environ, **server}
         for command in (["work-pool", "create", "gpu-box", "--type", "process"], ["gcl", "create", "gpu", "--limit", "1"]):
             subprocess.run([PREFECT, *command], env=env, check=True, capture_output=True, timeout=120)
@@ -201,6 +204,7 @@ def test_prefect_yaml_on_a_process_pool_runs_stages_and_evaluations_through_a_wo
         assert overlap(*(run for run in stages if run["name"].endswith(("-warmup", "-side"))), "start_time", "end_time")
         assert all(r["work_pool_name"] == "gpu-box" for r in stages + completed(api, "evaluate"))
         assert all(r["parameters"]["request"]["model"]["base"] == "${POSTTRAIN_TEST_BASE}" for r in stages)
+        assert all(len(r["parameters"]["request_signature"]) == 64 for r in stages)  # signed, and ran
         assert not any("tiny-llama" in json.dumps(r["parameters"]) for r in stages)  # nor derived from it
         [pipeline_run] = flow_runs(api, "post-train")
         assert "base: ${POSTTRAIN_TEST_BASE}" in pipeline_run["parameters"]["spec_text"]

@@ -2,8 +2,8 @@
 
 import contextlib
 
-from fake_vllm.protocol import VLLM_VERSION, VllmError
-from fake_vllm.server import FakeVllm, FakeVllmConfig
+from fake_vllm.protocol import VllmError
+from fake_vllm.server import PAUSE_SINCE, EngineDead, FakeVllm, FakeVllmConfig
 
 
 def make_app(config: FakeVllmConfig):
@@ -19,6 +19,11 @@ def make_app(config: FakeVllmConfig):
     async def vllm_error(request, exc: VllmError):
         return JSONResponse(exc.body(), status_code=exc.code)
 
+    @app.exception_handler(EngineDead)
+    async def engine_dead(request, exc: EngineDead):
+        fake.on_engine_death()  # vLLM's launcher: terminate_if_errored, then a bare 500
+        return Response(status_code=500)
+
     async def json_body(request: Request):
         try:
             return await request.json()
@@ -27,7 +32,7 @@ def make_app(config: FakeVllmConfig):
 
     @app.get("/version")
     async def version():
-        return {"version": VLLM_VERSION}
+        return {"version": config.version}
 
     @app.get("/health")
     async def health():
@@ -52,11 +57,11 @@ def make_app(config: FakeVllmConfig):
         async def unload_lora_adapter(request: Request):
             return PlainTextResponse(fake.unload_adapter(await json_body(request)))
 
-    if config.dev_mode:
+    if config.dev_mode and config.at_least(PAUSE_SINCE):
         @app.post("/pause")
-        async def pause(mode: str = "abort"):
+        async def pause(mode: str = "abort", wait_for_inflight_requests: bool = False):
             try:
-                return await run_in_threadpool(fake.pause, mode)
+                return await run_in_threadpool(fake.pause, fake.pause_mode(mode, wait_for_inflight_requests))
             except ValueError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
 
@@ -68,6 +73,7 @@ def make_app(config: FakeVllmConfig):
         async def is_paused():
             return {"is_paused": fake.paused}
 
+    if config.dev_mode:
         @app.post("/reset_prefix_cache")
         async def reset_prefix_cache():
             fake.prefix_cache_resets += 1
@@ -78,8 +84,11 @@ def make_app(config: FakeVllmConfig):
             body = await json_body(request)
             if "method" not in body:
                 raise VllmError(400, "Missing 'method' in request body", "Bad Request")
-            method = getattr(fake.worker, body["method"])
-            result = await run_in_threadpool(method, *body.get("args", []), **body.get("kwargs", {}))
+            try:
+                method = getattr(fake.worker, body["method"])
+                result = await run_in_threadpool(method, *body.get("args", []), **body.get("kwargs", {}))
+            except Exception as exc:  # vLLM's exception handler: an ErrorResponse with the message
+                raise VllmError(500, str(exc), "InternalServerError") from None
             if result is None:
                 return Response(status_code=200)
             return {"results": [result if isinstance(result, (dict, list)) else str(result)]}
@@ -95,5 +104,7 @@ def running_fake(config: FakeVllmConfig):
 
     app = make_app(config)
     port = free_port()
-    with serving(uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")), port) as url:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    app.state.fake.on_engine_death = lambda: setattr(server, "should_exit", True)
+    with serving(server, port) as url:
         yield url, app.state.fake

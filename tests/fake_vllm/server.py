@@ -7,13 +7,21 @@ What it models (vLLM v0.29 main; protocol.py names the source files):
 - `/v1/models`: one card per served name with `max_model_len`, one per loaded adapter (`parent`);
 - runtime LoRA (routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING): load and unload with vLLM's
   plain-text answers and errors, an LRU CPU cache of `max_cpu_loras` adapters, an adapter evicted
-  from it reloaded from its path when a request names it (a deleted folder kills the engine: every
-  request then fails with 500), the unload of an evicted adapter answered 500 (the newest code);
-- dev mode (VLLM_SERVER_DEV_MODE=1): /pause (abort | wait | keep), /resume, /is_paused,
-  /reset_prefix_cache, /collective_rpc on a worker that inherits `--worker-extension-cls`;
+  from it reloaded from its path when a request names it (a deleted folder kills the engine: that
+  request gets a bare 500 and the server shuts down, so clients then see refused connections, as
+  vLLM's EngineDeadError handler does), the unload of an evicted adapter answered 500 with the name
+  kept registered (the frontend returns before deleting it), a load of a registered name refused
+  unless `load_inplace` (ignored by builds before 0.15: pydantic drops the unknown field);
+- dev mode (VLLM_SERVER_DEV_MODE=1): /pause, /resume, /is_paused (builds from 0.12), /pause's `mode`
+  (abort | wait | keep) from 0.15 only (before: `wait_for_inflight_requests`, default abort),
+  /reset_prefix_cache, /collective_rpc on a worker that inherits `--worker-extension-cls` (a worker's
+  exception: a 500 with its message, the engine alive);
+- the worker's `model_runner.model_config` (quantization, dtype) and `model_runner.model.load_weights`;
+- `version`: the vLLM version it acts as (older builds lack the routes and fields above);
 - a route that is not registered: FastAPI's 404 {"detail": "Not Found"}.
-Test hooks: `gate` (cleared, requests wait in flight before decoding) and `requests` (the sampling
-each request decoded with).
+Test hooks: `gate` (cleared, requests wait in flight before decoding), `requests` (the sampling
+each request decoded with) and `failing_loads` (that many next `load_weights` calls fail part way,
+after the first tensor, as a device error would).
 """
 
 from __future__ import annotations
@@ -27,8 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fake_vllm.engine import Choice, decode
-from fake_vllm.protocol import (GENERATION_CONFIG_KEYS, CompletionRequest, VllmError, bad_request, check_context,
-                                sampling_of, unknown_model)
+from fake_vllm.protocol import (GENERATION_CONFIG_KEYS, VLLM_VERSION, CompletionRequest, VllmError, bad_request,
+                                check_context, sampling_of, unknown_model)
+
+PAUSE_SINCE = (0, 12, 0)  # /pause, /resume, /is_paused (#28037)
+PAUSE_MODE_SINCE = (0, 15, 0)  # /pause?mode= (#32351); load_inplace (#31326)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in version.split(".")[:3])
+
+
+class EngineDead(Exception):
+    """The engine core died (vLLM's EngineDeadError): the API server answers a bare 500 and shuts down."""
 
 
 @dataclass
@@ -43,31 +62,45 @@ class FakeVllmConfig:
     max_cpu_loras: int | None = None  # None: max_loras
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1
     worker_extension: type | None = None  # --worker-extension-cls
+    version: str = VLLM_VERSION  # the build it acts as
+    quantization: str | None = None  # --quantization, or the checkpoint's quantization_config
+    dtype: str = "float32"  # --dtype: the served weights' dtype
+
+    def at_least(self, version: tuple[int, ...]) -> bool:
+        return version_tuple(self.version) >= version
 
 
 class FakeModelRunner:
-    def __init__(self, model):
-        self.model = WeightsLoader(model)
+    def __init__(self, server: "FakeVllm"):
+        from types import SimpleNamespace
+
+        self.model = WeightsLoader(server)
+        self.model_config = SimpleNamespace(quantization=server.config.quantization, dtype=server.model.dtype)
 
 
 class WeightsLoader:
     """vLLM's model as a worker extension sees it: `load_weights` of (name, tensor) pairs in the
     checkpoint's own names."""
 
-    def __init__(self, model):
-        self.torch_model = model
+    def __init__(self, server: "FakeVllm"):
+        self.server = server
+        self.torch_model = server.model
 
     def load_weights(self, weights) -> set[str]:
         import torch
 
         parameters = dict(self.torch_model.named_parameters())
         loaded = set()
+        failing = self.server.failing_loads > 0
+        self.server.failing_loads -= failing
         with torch.no_grad():
             for name, tensor in weights:
                 if name not in parameters:
                     raise ValueError(f"no parameter {name}")
                 parameters[name].copy_(tensor)
                 loaded.add(name)
+                if failing:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return loaded
 
 
@@ -77,7 +110,7 @@ class FakeVllm:
         from models.loading import load_model, load_tokenizer
 
         self.config = config
-        self.model = load_model(config.folder, ModelConfig()).eval()
+        self.model = load_model(config.folder, ModelConfig(dtype=config.dtype)).eval()
         self.tokenizer = load_tokenizer(config.folder)
         self.server_defaults = {k: v for k, v in config.generation_config.items() if k in GENERATION_CONFIG_KEYS}
         self.registry: dict[str, str] = {}  # adapter name -> path, in load order (the frontend's)
@@ -90,6 +123,8 @@ class FakeVllm:
         self.gate.set()
         self.requests: list[dict] = []
         self.prefix_cache_resets = 0
+        self.failing_loads = 0
+        self.on_engine_death = lambda: None  # running_fake: the server shuts down
         bases = (config.worker_extension, FakeWorker) if config.worker_extension else (FakeWorker,)
         worker = type("Worker", bases, {})  # as vLLM mixes the extension into its worker class
         self.worker = worker(self)
@@ -98,7 +133,7 @@ class FakeVllm:
 
     def complete(self, body) -> dict:
         if self.dead:
-            raise VllmError(500, "Internal server error", "InternalServerError")
+            raise EngineDead("the engine core died")
         request = parse(body)
         model = self.model_for(request.model)
         prompts = self.prompts_of(request)
@@ -146,7 +181,7 @@ class FakeVllm:
         if name not in self.cache:
             if not Path(self.registry[name]).is_dir():
                 self.dead = True  # the worker's load fails inside the engine's step: the engine core dies
-                raise VllmError(500, "Internal server error", "InternalServerError")
+                raise EngineDead(name)
             self.cache_adapter(name)
         self.cache.move_to_end(name)
         return self.cache[name]
@@ -205,7 +240,8 @@ class FakeVllm:
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path:
             raise VllmError(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
-        if name in self.registry and not body.get("load_inplace"):
+        inplace = bool(body.get("load_inplace")) and self.config.at_least(PAUSE_MODE_SINCE)
+        if name in self.registry and not inplace:
             raise VllmError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
                                  "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
         if not (Path(path) / "adapter_config.json").is_file():
@@ -221,12 +257,20 @@ class FakeVllm:
             raise VllmError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
         if name not in self.registry:
             raise VllmError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
-        del self.registry[name]
-        if self.cache.pop(name, None) is None:  # evicted: the engine has nothing to remove, and says so
+        if self.cache.pop(name, None) is None:  # evicted: the engine has nothing to remove, and says so,
+            # before the frontend deletes the name: it stays registered (a load of it is then a 400)
             raise VllmError(500, f"Failed to remove lora adapter '{name}' from the engine.", "InternalServerError")
+        del self.registry[name]
         return f"Success: LoRA adapter '{name}' removed successfully."
 
     # dev mode
+
+    def pause_mode(self, mode: str, wait_for_inflight_requests: bool) -> str:
+        """What a /pause does on this build: before 0.15 only `wait_for_inflight_requests` counts
+        (default: abort); from 0.15 the flag still means wait, else `mode`."""
+        if wait_for_inflight_requests:
+            return "wait"
+        return mode if self.config.at_least(PAUSE_MODE_SINCE) else "abort"
 
     def pause(self, mode: str) -> dict:
         if mode not in ("abort", "wait", "keep"):
@@ -252,7 +296,7 @@ class FakeWorker:
 
     def __init__(self, server: FakeVllm):
         self.server = server
-        self.model_runner = FakeModelRunner(server.model)
+        self.model_runner = FakeModelRunner(server)
 
 
 def parse(body) -> CompletionRequest:

@@ -8,7 +8,8 @@ from pydantic import model_validator
 
 from tasks.rollout.backends.base import RolloutBackend
 
-REMOTE_FIELDS = ("endpoint", "model", "api_key_env", "max_model_len", "sync_every", "sync_folder")
+REMOTE_FIELDS = ("endpoint", "model", "api_key_env", "max_model_len", "sync_every", "sync_folder",
+                 "sync_folder_mode")
 
 
 class LocalRollout(RolloutBackend):

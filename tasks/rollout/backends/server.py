@@ -15,6 +15,9 @@ from tasks.config import Endpoint
 from tasks.rollout.backends.base import RolloutBackend
 
 
+PUBLISHING = ("sync_every", "sync_folder", "sync_folder_mode")  # the fields of a stage that publishes weights
+
+
 class ServerRollout(RolloutBackend, Endpoint):
     """Episodes decode on an inference server serving the stage's input checkpoint as `model`."""
 
@@ -23,6 +26,9 @@ class ServerRollout(RolloutBackend, Endpoint):
     max_model_len: int | None = Field(None, gt=0)
     sync_every: int = Field(1, ge=1)  # rl: optimizer steps between two published versions
     sync_folder: str | None = None  # rl: where versions are saved for the server to read (required there)
+    # rl: the sync folder and its versions private to this user (0700), or readable by the folder's group
+    # too (0750: a server running as another user of that group); never writable by others
+    sync_folder_mode: Literal["private", "group"] = "private"
 
     samples_elsewhere: ClassVar[bool] = True
 
@@ -44,10 +50,11 @@ class ServerRollout(RolloutBackend, Endpoint):
     def publisher(self, policy, stage_id: str, lora: bool):
         from tasks.rollout.weight_sync import WeightSync
 
-        return WeightSync(policy, self.sync_folder, stage_id, lora, every=self.sync_every)
+        return WeightSync(policy, self.sync_folder, stage_id, lora, every=self.sync_every,
+                          folder_mode=self.sync_folder_mode)
 
     def check_use(self, publishes: bool) -> None:
-        given = [name for name in ("sync_every", "sync_folder") if name in self.model_fields_set]
+        given = [name for name in PUBLISHING if name in self.model_fields_set]
         if not publishes and given:
             raise ValueError(f"{given[0]}: only an rl stage publishes weights")
         if publishes and self.sync_folder is None:

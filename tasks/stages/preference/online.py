@@ -24,6 +24,7 @@ from tasks.common.errors import NoTrainingData
 from tasks.common.pairs import PairStats
 from tasks.rollout.envs import stage_env
 from tasks.rollout.episodes import TASK_POOL, LocalPolicy, roll_out, step_tasks
+from tasks.rollout.learned_rewards import judge_error_metrics
 from tasks.rollout.scoring import prefetch_scores, score_episode
 from tasks.stages.preference.config import PreferenceStage
 from tasks.stages.preference.step import pairs_contract, reference_logps, train_step
@@ -124,7 +125,8 @@ def run_online(stage: PreferenceStage, ctx: StageContext, source: str, tokenizer
         with torch.no_grad():
             pairs, rewards = sampler.pairs(step, stats)
         model.train()
-        sampled = {"sampled_reward": sum(rewards) / len(rewards) if rewards else math.nan, "pairs": len(pairs)}
+        sampled = {"sampled_reward": sum(rewards) / len(rewards) if rewards else math.nan, "pairs": len(pairs),
+                   **judge_error_metrics(envs.values())}  # a judge reward's errors so far, by reason
         if not pairs:  # every prompt's two completions tied: nothing to prefer this step
             training.record(step, 0, **sampled)
             continue

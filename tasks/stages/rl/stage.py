@@ -24,6 +24,7 @@ from tasks.common.context import StageContext, StageOutput
 from tasks.common.ranks import split_and_gather
 from tasks.rollout.envs import stage_env
 from tasks.rollout.episodes import TASK_POOL, roll_out, step_tasks
+from tasks.rollout.learned_rewards import judge_error_metrics
 from tasks.rollout.scoring import prefetch_scores
 from tasks.stages.rl.ahead import AheadRollouts, Batch, sync_metrics
 from tasks.stages.rl.config import RlStage
@@ -148,6 +149,7 @@ def run(stage: RlStage, ctx: StageContext) -> dict[str, StageOutput]:
                 batch = sample_step(sampler, policy, training, step, not stage.rollout.samples_elsewhere)
             collected = time.perf_counter()
             metrics = batch_metrics(batch.sampled, list(stage.envs))
+            metrics.update(judge_error_metrics(envs.values()))  # a judge reward's errors so far, by reason
             if batch.groups:  # empty when dynamic sampling found no group with signal within its draws
                 metrics.update(update(training, reference, batch.groups)[0])
             updated = time.perf_counter()
