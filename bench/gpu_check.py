@@ -8,7 +8,8 @@ is downloaded), else on a model of Qwen3-0.6B's size with random weights. It ass
 summary that every stage that runs a model ran on cuda. On a machine with two GPUs or more, the
 pipeline's sft, preference and rl run again on two GPUs under FSDP2 (skipped, and said so, with
 one). Then rl against a real vLLM server, with LoRA and with full-weight sync
-(bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command). It writes
+(bench/gpu_check_vllm.py; skipped, and said so, without a `vllm` command), and pipelines/vllm-node.yaml
+on this one node, vLLM on GPU 0 and training on GPU 1 (bench/gpu_check_node.py). It writes
 bench/results/gpu_check.json: each stage's device, peak GPU memory, peak RSS and seconds, and each
 check as an entry of `checks`: {name, ok, seconds, peak_gpu_gb, tokens_per_second}. Without CUDA
 it refuses (exit 2): nothing in CI needs a GPU.
@@ -27,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import RESULTS_DIR, go_offline, make_result, package_versions, write_result
+from bench.gpu_check_node import node_base, node_check
 from bench.gpu_check_vllm import vllm_checks
 from models.presets import materialize
 
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-vllm-") as folder:
         vllm_base = real_models[0] if real_models else str(materialize(args.base))
         checks += vllm_checks(vllm_base, Path(folder), args.vllm_port)
+    with tempfile.TemporaryDirectory(prefix="posttrain-gpu-check-node-") as folder:
+        checks.append(node_check(node_base(vllm_base), Path(folder), args.vllm_port, torch.cuda.device_count()))
     result = make_result(metric="model stages on cuda", unit="stages", ours=float(len(MODEL_STAGES)), peer=None,
                          peer_name=None, config={"stages": list(MODEL_STAGES), "gpu": torch.cuda.get_device_name(0),
                                                  "versions": package_versions("torch", "transformers", "accelerate",

@@ -88,3 +88,16 @@ def test_the_sized_model_has_the_published_config_and_a_tokenizer(tmp_path, monk
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["head_dim"] == 16
     assert load_tokenizer(folder).eos_token is not None
+
+
+def test_without_a_vllm_command_the_vllm_node_pass_says_it_was_skipped(tmp_path, monkeypatch):
+    """The one-node pass (bench/gpu_check_node.py; its spec rewrite and command lines are tested in
+    tests/test_vllm_node.py, its run there against the vLLM fake)."""
+    from bench.gpu_check_node import NAME, node_check
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("VLLM_BIN", raising=False)
+    check = node_check("tiny-llama", tmp_path, 8765, gpu_count=2)
+    assert check == {"name": NAME, "ok": None, "skipped": "no vllm command (set VLLM_BIN to one in vLLM's own "
+                                                          "environment)"}
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
