@@ -28,20 +28,22 @@ def lineage_lines(store: Store, ref: Ref) -> list[str]:
     lines: list[str] = []
     printed: set[str] = set()
 
-    def visit(manifest: dict, prefix: str, child_prefix: str) -> None:
-        lines.append(prefix + _describe(manifest))
+    def visit(manifest: dict, prefix: str, child_prefix: str, chosen: str = "") -> None:
+        lines.append(prefix + _describe(manifest) + chosen)
         printed.add(manifest["ref"])
-        entries = [("ref", text) for text in manifest["inputs"].values()] + [("leaf", text) for text in
-                                                                             _leaves(manifest)]
-        for i, (what, text) in enumerate(entries):
+        entries = [("ref", key, text) for key, text in manifest["inputs"].items()] + \
+            [("leaf", "", text) for text in _leaves(manifest)]
+        for i, (what, key, text) in enumerate(entries):
             last = i == len(entries) - 1
             branch, extend = ("└── ", "    ") if last else ("├── ", "│   ")
+            # an input named by a selector (`rl@best:arith.accuracy`, flows/stage_inputs.py) says so
+            chosen = f"  (chosen as {key})" if "@" in key else ""
             if what == "leaf":
                 lines.append(child_prefix + branch + text)
             elif text in printed:
-                lines.append(child_prefix + branch + f"{text}  (shown above)")
+                lines.append(child_prefix + branch + f"{text}  (shown above)" + chosen)
             else:
-                visit(store.manifest(text), child_prefix + branch, child_prefix + extend)
+                visit(store.manifest(text), child_prefix + branch, child_prefix + extend, chosen)
 
     visit(store.manifest(ref), "", "")
     return lines

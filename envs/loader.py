@@ -15,6 +15,7 @@ from envs.base import EnvKindError
 from envs.calc import CalcEnv
 from envs.cod import CodEnv
 from envs.dataset import DatasetEnv
+from envs.mcp import McpEnv
 from envs.openclaw import OpenClawEnv
 from envs.plugins import declared
 from envs.rlm import RlmEnv
@@ -22,7 +23,7 @@ from envs.search import SearchEnv
 from envs.terminal import TerminalEnv
 
 ENTRY_POINT_GROUP = "posttrain.envs"
-BUILTIN_ENVS = (ArithEnv, CalcEnv, SearchEnv, CodEnv, OpenClawEnv, RlmEnv, TerminalEnv, DatasetEnv)
+BUILTIN_ENVS = (ArithEnv, CalcEnv, SearchEnv, CodEnv, OpenClawEnv, RlmEnv, TerminalEnv, DatasetEnv, McpEnv)
 # what the rollout loop, the stages and the spec check use of an env class (envs/base.Environment;
 # `name`, `rubric` and `max_turns` may be set per instance, from the config)
 PROTOCOL = ("tasks", "all_tasks", "start", "oracle_actions", "reference_completion", "is_correct", "is_formatted",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from prefect import flow, get_run_logger
+from pydantic import ValidationError
 from prefect.runtime import deployment, flow_run
 from prefect.states import Completed
 
@@ -29,6 +30,9 @@ from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, SpecError, checkpoint_spec
 from flows.spec_data import env_inputs
 from flows.stage_requests import new_run_id, stage_request
+from flows.stage_requests import keep_sources
+from tasks.common.benchmarks import is_benchmark
+from tasks.config import FieldError
 from tasks.request import StageRequest
 from tasks.runtime.launch import warm_up
 from tasks.runtime.runner import run_stage, stage_task_options
@@ -103,13 +107,44 @@ def with_envs(spec: PipelineSpec, envs: list[str] | None) -> tuple[PipelineSpec,
 
 
 def evaluation_stage(spec: PipelineSpec, env_ids: list[str], checkpoint: str, n: int | None,
-                     max_new_tokens: int | None) -> EvaluateStage:
+                     max_new_tokens: int | None, benchmarks: dict | None = None) -> EvaluateStage:
     """An evaluate stage over one checkpoint with the spec's `evaluation:` settings (n and
-    max_new_tokens overridable)."""
+    max_new_tokens overridable; `benchmarks`, {`lm_eval` | `humaneval`: settings}, replace the spec's)."""
     settings = spec.evaluation
     return EvaluateStage(kind="evaluate", id="evaluate", checkpoints=[checkpoint], envs=env_ids,
                          **{**settings.evaluation_settings(), "n": n or settings.n,
-                            "max_new_tokens": max_new_tokens or settings.max_new_tokens})
+                            "max_new_tokens": max_new_tokens or settings.max_new_tokens, **(benchmarks or {})})
+
+
+def evaluation_sources_path(store: Store, spec_hash: str) -> str:
+    return store.path("specs", f"{spec_hash}.sources.json")
+
+
+def keep_evaluation_sources(store: Store, spec: PipelineSpec, spec_hash: str) -> None:
+    """The files the spec's `evaluation:` reads from outside the store (lm_eval.include_path), kept in the
+    store (`sources/<digest>/`) and named beside the spec (`specs/<hash>.sources.json`): an evaluation
+    triggered later, on any machine, reads the files the latest run of this spec saw."""
+    kept = keep_sources(spec.evaluation, store.location)
+    if kept:
+        store.write_json(evaluation_sources_path(store, spec_hash), kept)
+
+
+def with_benchmark_sources(stage: EvaluateStage, store: Store, spec_hash: str, given: bool) -> None:
+    """The stage's lm_eval.include_path: read from the working folder when given by hand (`given`),
+    else the files a run of the spec kept in the store (EvaluationInputError when none did)."""
+    if stage.lm_eval is None or stage.lm_eval.include_path is None:
+        return
+    if given:
+        try:
+            stage.read_benchmark_sources(None, store.location)
+        except FieldError as exc:
+            raise EvaluationInputError(str(exc)) from None
+        return
+    try:
+        stage.use_kept_sources(store.read_json(evaluation_sources_path(store, spec_hash)))
+    except (StoreError, KeyError):
+        raise EvaluationInputError(f"evaluation.lm_eval.include_path: the task files of spec {spec_hash[:12]} "
+                                   "are not in the store (kept by `posttrain run` of the spec)") from None
 
 
 def env_data_inputs(spec: PipelineSpec, env_ids: list[str], store: Store, manifest: dict) -> dict[str, str]:
@@ -127,8 +162,10 @@ def env_data_inputs(spec: PipelineSpec, env_ids: list[str], store: Store, manife
 
 
 def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None = None, n: int | None = None,
-                    max_new_tokens: int | None = None, run_id: str | None = None) -> EvaluationPlan:
-    """Check the inputs and build the evaluate request; EvaluationInputError on bad input."""
+                    max_new_tokens: int | None = None, run_id: str | None = None,
+                    benchmarks: dict | None = None) -> EvaluationPlan:
+    """Check the inputs and build the evaluate request; EvaluationInputError on bad input. `benchmarks`
+    ({`lm_eval` | `humaneval`: settings}, by hand) replace the spec's; given without `envs`, they run alone."""
     try:
         ref = store.resolve(checkpoint_ref)
         manifest = store.manifest(ref)
@@ -140,9 +177,14 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
         spec = load_checkpoint_spec(store, manifest)
     except StoreError as exc:
         raise EvaluationInputError(f"ref: {exc}") from None
-    spec, env_ids = with_envs(spec, envs)
+    spec, env_ids = with_envs(spec, envs) if envs or not benchmarks else (spec, [])
     label = checkpoint_label(ref, spec.name)
-    stage = evaluation_stage(spec, env_ids, label, n, max_new_tokens)
+    try:
+        stage = evaluation_stage(spec, env_ids, label, n, max_new_tokens, benchmarks)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise EvaluationInputError(f"{'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+    with_benchmark_sources(stage, store, manifest["producer"]["spec"], given="lm_eval" in (benchmarks or {}))
     inputs = {label: str(ref), **env_data_inputs(spec, env_ids, store, manifest)}
     request = stage_request(spec, stage, inputs, store=store.location, run_id=run_id or new_run_id("eval"),
                             spec_hash=manifest["producer"]["spec"], output_name=f"{ref.name}.eval")
@@ -152,7 +194,7 @@ def plan_evaluation(checkpoint_ref: str, store: Store, *, envs: list[str] | None
 @flow(name="evaluate")
 def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None = None,
              envs: list[str] | None = None, n: int | None = None, max_new_tokens: int | None = None,
-             event_id: str | None = None):
+             event_id: str | None = None, benchmarks: dict | None = None):
     """Evaluate one checkpoint; returns {checkpoint, state (completed | cached), results, report, metrics,
     compute_seconds (the evaluate stage's own time, in the run that made the results)}.
 
@@ -176,7 +218,8 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
         except StoreNotAllowed as exc:
             raise EvaluationInputError(str(exc)) from None
     artifact_store = Store(store, storage_options)
-    plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens)
+    plan = plan_evaluation(checkpoint_ref, artifact_store, envs=envs, n=n, max_new_tokens=max_new_tokens,
+                           benchmarks=benchmarks)
     options = stage_task_options(plan.request, f"evaluate {plan.label}")
     state = run_stage.with_options(**options)(plan.request, return_state=True)
     result = state.result()  # raises the stage's error: the flow run fails with it
@@ -186,6 +229,9 @@ def evaluate(checkpoint_ref: str, store: str, storage_options: dict | str | None
     logger.info(f"{checkpoint_ref}: {'cached' if cached else 'evaluated'} on {', '.join(metrics)} "
                 f"-> {result['outputs']['results']}")
     for env_id, values in metrics.items():
+        if is_benchmark(env_id):
+            logger.info(f"  {env_id}: " + ", ".join(f"{name} {value}" for name, value in values.items()))
+            continue
         logger.info(f"  {env_id}: accuracy {values['accuracy']:.1%}, format {values['format_rate']:.1%}, "
                     f"doom-loop {values['doom_loop_rate']:.1%} (n={values['n']})")
     publish_reports(artifact_store, plan.spec.name, f"{plan.label}-eval", result["outputs"])

@@ -2,13 +2,15 @@
 
 The rows come from the manifests of the committed evaluation results (the primary dataset of
 every kind that `produces` an evaluation: the pipeline's own evaluate stages and the evaluation
-flow's `<checkpoint>.eval` datasets; their metrics are `{checkpoint: {env: {..., n}}}`), so the
+flow's `<checkpoint>.eval` datasets; their metrics are `{checkpoint: {env: {..., n}}}`, a benchmark's
+beside the envs as `lm_eval.<task>` or `humaneval`), so the
 leaderboard is the same whichever process or machine evaluated what.
 """
 
 from __future__ import annotations
 
 from artifacts.store import Store
+from tasks.common.benchmarks import headline, headline_name, is_benchmark
 from tasks.common.report_images import prefect_key
 from tasks.kinds import produces
 
@@ -30,6 +32,7 @@ def evaluations(store: Store, pipeline: str) -> list[dict]:
                 continue  # an input the evaluation did not score
             for env_id, metrics in by_env.items():
                 rows[(checkpoint, env_id, metrics["n"])] = {"checkpoint": checkpoint, "env": env_id, **metrics,
+                                                            "headline": headline(env_id, metrics),
                                                             "evaluation": manifest["ref"]}
     checkpoints = {row["checkpoint"]: manifests.get(row["checkpoint"]) or store.manifest(row["checkpoint"])
                    for row in rows.values()}
@@ -54,9 +57,19 @@ def leaderboard_table(rows: list[dict]) -> list[dict]:
     table: dict[str, dict] = {}
     for row in rows:
         entry = table.setdefault(row["checkpoint"], {"checkpoint": row["checkpoint"], "run": row["run_id"]})
+        if is_benchmark(row["env"]):  # an lm-eval task's or HumanEval's: its headline metric and n
+            entry[f"{row['env']} {headline_name(row['env'], row_metrics(row))}"] = row["headline"]
+            entry[f"{row['env']} n"] = row["n"]
+            continue
         for column in COLUMNS:
             entry[f"{row['env']} {column}"] = row.get(column)
     return list(table.values())
+
+
+def row_metrics(row: dict) -> dict:
+    """A row's metrics alone, in their order (what `evaluations` put between `env` and `headline`)."""
+    names = list(row)
+    return {name: row[name] for name in names[names.index("env") + 1:names.index("headline")]}
 
 
 def publish_leaderboard(store: Store, pipeline: str, attempts: int = 3) -> str | None:

@@ -1,4 +1,5 @@
-"""Learning curves: a training stage's held-out accuracy per env, checkpoint by checkpoint.
+"""Learning curves: a training stage's held-out accuracy per env, checkpoint by checkpoint (per
+benchmark, its headline metric: an lm-eval task's first metric, HumanEval's pass@k of its first k).
 
 The points are the evaluations the pipeline already makes (`evaluation.on_new_checkpoint`, with
 `evaluation.stages` to pick the stages): each in-stage checkpoint (`rl.step-50`), the stage's
@@ -71,8 +72,8 @@ def learning_curves(rows: list[dict], cache_keys: set[str] | None = None) -> lis
         members.sort(key=lambda row: row["step"])
         last = members[-1]
         start = next((evaluated[(ref, env, n)] for ref in last["inputs"] if (ref, env, n) in evaluated), None)
-        points = ([CurvePoint(0, start["checkpoint"], start["accuracy"])] if start is not None else []) + \
-            [CurvePoint(row["step"], row["checkpoint"], row["accuracy"]) for row in members]
+        points = ([CurvePoint(0, start["checkpoint"], start["headline"])] if start is not None else []) + \
+            [CurvePoint(row["step"], row["checkpoint"], row["headline"]) for row in members]
         if len(points) >= 2:
             curves.append(LearningCurve(last["stage"], cache_key, env, n, points))
     return sorted(curves, key=lambda curve: (evaluated[(curve.points[-1].checkpoint, curve.env, curve.n)]["created"],

@@ -15,11 +15,12 @@ from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from artifacts.store import AlreadyExists, Store, StoreError, StoreLocation, now_iso
-from flows.evaluate import evaluate
+from flows.evaluate import evaluate, keep_evaluation_sources
 from flows.leaderboard import evaluations
 from flows.learning_curves import learning_curves
 from flows.report_artifacts import publish_reports
 from flows.spec import PipelineSpec, load_spec, parse_spec_text, spec_hash_of, stage_graph
+from flows.stage_inputs import NoBestCheckpoint, resolve_inputs
 from flows.stage_requests import new_run_id, stage_request, state_error
 from flows.temporary_api import ephemeral
 from flows.worker_stage import WorkerStage
@@ -67,6 +68,7 @@ def post_train(spec: str | None = None, store: str | None = None, run_id: str | 
     warm_up(lora=pipeline.model.lora is not None)  # started already when the CLI runs the flow
     artifact_store = pipeline.store_location(store).open()
     spec_hash = spec_hash or save_spec(artifact_store, spec_text)
+    keep_evaluation_sources(artifact_store, pipeline, spec_hash)  # lm_eval.include_path, for triggered evaluations
     run_id = run_id or new_run_id(pipeline.name)
     inline_evaluation = pipeline.evaluation.on_new_checkpoint and ephemeral()
     if inline_evaluation:
@@ -153,9 +155,14 @@ class PipelineRun:
                     self.end(self.running.pop(stage_id), finished, ended_at)
 
     def start(self, stage_id: str, threads: ThreadPoolExecutor) -> StageRun:
-        inputs = {target: self.output_of[target] for target in self.graph[stage_id]}
+        stage = self.pipeline.stage(stage_id)
+        try:  # a `STAGE@best:` input is chosen now, from the evaluations committed so far
+            inputs = resolve_inputs(self.pipeline.written_inputs(stage), self.output_of, self.store,
+                                    get_run_logger().info)
+        except NoBestCheckpoint as exc:
+            return unresolved(stage, str(exc))
         # the store's location is normalised (an absolute local path): the child runs elsewhere
-        request = stage_request(self.pipeline, self.pipeline.stage(stage_id), inputs,
+        request = stage_request(self.pipeline, stage, inputs,
                                 store=self.store.location, run_id=self.summary["run_id"], spec_hash=self.spec_hash)
         if self.pipeline.workers is None:  # on this machine: its children share the cores (tasks/runtime/core_share.py)
             return start_task(request)
@@ -276,6 +283,15 @@ def worker_record(request: StageRequest, watched: Future) -> dict:
 def failed_record(request: StageRequest, error: str) -> dict:
     return {"id": request.stage.id, "kind": request.stage.kind, "cache_key": request.cache_key, "new_checkpoints": [],
             "state": "failed", "outputs": {}, "metrics": {}, "error": error}
+
+
+def unresolved(stage, error: str) -> StageRun:
+    """A stage whose inputs do not resolve (no evaluated checkpoint to pick): failed before it starts."""
+    ended: Future = Future()
+    ended.set_result(None)
+    record = {"id": stage.id, "kind": stage.kind, "cache_key": None, "new_checkpoints": [], "state": "failed",
+              "outputs": {}, "metrics": {}, "error": error}
+    return StageRun(stage.id, ended, lambda: record)
 
 
 def stage_record(request: StageRequest, result: dict, cached: bool) -> dict:

@@ -19,7 +19,9 @@ from artifacts.urls import CREDENTIALS, credential_url_fields
 from envs.dataset import reward_source
 from envs.loader import EnvConfig, make_env
 from flows.placeholders import ENV_VAR, UnsetVariable, interpolate
-from flows.spec_data import env_inputs, find_reward_modules, inline_env_stages, read_stage_sources
+from flows.spec_data import (env_inputs, find_reward_modules, inline_env_stages, read_evaluation_sources,
+                             read_stage_sources)
+from flows.stage_inputs import BadStageInput, input_stage, parse_input
 from flows.worker_allows import NotAllowed, WorkerAllows
 from models.config import ModelConfig
 from tasks.config import Defaults, EvaluationSettings, FieldError, SampledEval, SpecRuleError, SpecView
@@ -86,6 +88,18 @@ class PipelineSpec(BaseModel):
     def inputs_of(self, stage) -> list[tuple[str, str, str | tuple[str, ...]]]:
         """(field path, stage id, what it must produce) of every stage `stage` reads: its own
         references, and the dataset stages of the envs it names (a dataset env's rows)."""
+        return [(field, input_stage(written), wanted) for field, written, wanted in self._written_inputs(stage)]
+
+    def written_inputs(self, stage) -> dict[str, str]:
+        """{input as the spec writes it (`rl`, `rl@best:arith.accuracy`): the field naming it
+        (`stages[2].policy`)}: the keys of the stage's `inputs` (flows/stage_inputs.py)."""
+        index = self.stages.index(stage)
+        fields = {written: f"stages[{index}].{field}" for field, written, _ in stage.stage_refs()}
+        return {written: fields.get(written, field) for field, written, _ in self._written_inputs(stage)}
+
+    def _written_inputs(self, stage) -> list[tuple[str, str, str | tuple[str, ...]]]:
+        """(field path, input as written, what it must produce): the stage's own references (their
+        paths within the stage), then its envs' (full paths, `envs.chats.data`)."""
         refs = list(stage.stage_refs())
         for _, env_id in stage.env_refs():
             refs += env_inputs(env_id, self.envs[env_id]) if env_id in self.envs else []
@@ -184,6 +198,7 @@ def parse_spec(raw, spec_dir: str | None = None, read_sources: bool = True,
         inline_env_stages(spec, Path(spec_dir) if spec_dir else None, read_sources)
         if read_sources:
             read_stage_sources(spec, Path(spec_dir) if spec_dir else None)
+            read_evaluation_sources(spec, Path(spec_dir) if spec_dir else None)
     except FieldError as exc:
         raise SpecError(str(exc)) from None
     _check_graph(spec)
@@ -346,7 +361,8 @@ def _check_graph(spec: PipelineSpec) -> None:
         for field, env_id in stage.env_refs():
             if env_id not in spec.envs:
                 raise SpecError(f"stages[{i}].{field}: unknown env {env_id!r} (known: {', '.join(spec.envs)})")
-        for field, target, wanted in stage.stage_refs():
+        for field, written, wanted in stage.stage_refs():
+            target = _checked_input(spec, f"stages[{i}].{field}", written, wanted)
             if target not in index:
                 raise SpecError(f"stages[{i}].{field}: unknown stage {target!r}")
             produced = spec.stages[index[target]].output_kind()
@@ -376,6 +392,22 @@ def _check_graph(spec: PipelineSpec) -> None:
             stage.check_spec(view)
         except SpecRuleError as exc:
             raise SpecError(str(exc)) from None
+
+
+def _checked_input(spec: PipelineSpec, field: str, written: str, wanted: str | tuple[str, ...]) -> str:
+    """The stage id an input reads; SpecError for a malformed `@best:` selector, one on an input
+    that is not a checkpoint, or one naming an unknown env."""
+    try:
+        parsed = parse_input(written)
+    except BadStageInput as exc:
+        raise SpecError(f"{field}: {exc}") from None
+    if isinstance(parsed, str):
+        return parsed
+    if "checkpoint" not in ((wanted,) if isinstance(wanted, str) else wanted):
+        raise SpecError(f"{field}: {written!r}: only a checkpoint input can name the best evaluated checkpoint")
+    if parsed.env not in spec.envs:
+        raise SpecError(f"{field}: {written!r}: unknown env {parsed.env!r} (known: {', '.join(spec.envs)})")
+    return parsed.stage
 
 
 def _check_acyclic(spec: PipelineSpec, index: dict[str, int]) -> None:

@@ -25,12 +25,12 @@ def env_inputs(env_id: str, config) -> list[tuple[str, str, str]]:
 
 
 def find_reward_modules(spec, spec_dir: Path | None) -> None:
-    """A dataset env's reward modules are looked for in the spec file's folder (None: the working
-    folder) first, as its sources are."""
-    from envs.dataset import DatasetEnvConfig
+    """A dataset (or mcp) env's reward modules are looked for in the spec file's folder (None: the
+    working folder) first, as its sources are."""
+    from envs.dataset.config import TaskRows
 
     for config in spec.envs.values():
-        if isinstance(config, DatasetEnvConfig):
+        if isinstance(config, TaskRows):
             config.find_rewards_in(spec_dir or Path.cwd())
 
 
@@ -71,3 +71,11 @@ def read_stage_sources(spec, spec_dir: Path | None) -> None:
             stage.read_sources(spec_dir, spec.store_location())
         except FieldError as exc:
             raise FieldError(f"stages[{i}].{exc.field}", exc.message) from None
+
+
+def read_evaluation_sources(spec, spec_dir: Path | None) -> None:
+    """The task folder of the spec's `evaluation.lm_eval.include_path` can be read (relative to the spec's folder)."""
+    try:
+        spec.evaluation.read_benchmark_sources(spec_dir, spec.store_location())
+    except FieldError as exc:
+        raise FieldError(f"evaluation.{exc.field}", exc.message) from None

@@ -83,6 +83,9 @@ def keep_sources(stage, store: StoreLocation) -> dict[str, dict]:
 
     kept = {}
     for name, source in stage.sources().items():
+        if isinstance(source, dict):  # kept already: a triggered evaluation's include_path (flows/evaluate.py)
+            kept[name] = source
+            continue
         if source.kind == "hub":
             kept[name] = {"hub": source.where, "revision": hub_revision(source.where)}
             continue
@@ -108,13 +111,14 @@ def reward_code(config) -> dict[str, str]:
     """{path in its module's folder: source} of the reward modules a dataset env finds in the spec's
     folder (or a named file's; envs/dataset/reward_modules.py), not the project's: they travel with the request, so
     the stage's process, here or on a worker, imports the very code the orchestrator saw."""
-    from envs.dataset import DatasetEnvConfig, RewardConfig, module_files
+    from envs.dataset import module_files
+    from envs.dataset.config import TaskRows
 
-    if not isinstance(config, DatasetEnvConfig) or config.reward_folder is None:
+    if not isinstance(config, TaskRows) or config.reward_folder is None:
         return {}
     carried = {}
-    for reward in config.rewards:
-        folder = reward.module_folder(config.reward_folder) if isinstance(reward, RewardConfig) else None
+    for reward in config.reward_functions():
+        folder = reward.module_folder(config.reward_folder)
         if folder is None or reward.module.split(".")[0] in code_packages():
             continue
         for file in module_files(reward.module, folder) or []:

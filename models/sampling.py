@@ -53,9 +53,10 @@ def prompt_turns(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-def chat_prompt(tokenizer, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template(prompt_turns(prompt), tokenize=False,
-                                         add_generation_prompt=True, **template_kwargs(tokenizer))
+def chat_prompt(tokenizer, prompt: str, tools: list[dict] | None = None) -> list[int]:
+    """The ids of a chat prompt; `tools` (OpenAI tool schemas) rendered by the template, where the task has them."""
+    text = tokenizer.apply_chat_template(prompt_turns(prompt), tokenize=False, add_generation_prompt=True,
+                                         **({"tools": tools} if tools else {}), **template_kwargs(tokenizer))
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

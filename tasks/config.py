@@ -19,6 +19,7 @@ from artifacts.urls import scrub_urls
 from data_contracts.config import ContractConfig
 from envs.judge_requests import JudgeRequests
 from models.config import ModelConfig
+from tasks.common.benchmarks import HumanEvalSettings, LmEvalSettings
 
 StageId = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -336,6 +337,14 @@ class DatasetTrainStage(TrainStage):
         return [(f"data[{i}]", data, kind) for i, data in enumerate(self.data)]
 
 
+class HeldOutLoss(BaseModel):
+    """A held-out slice of a dataset-trained stage's data (sft, preference), never trained on, its
+    loss measured every `eval_every` steps and after the last (tasks/train/held_out.py)."""
+
+    eval_fraction: float = Field(0.0, ge=0, lt=1)  # of each input dataset's rows; 0: nothing held out
+    eval_every: int = Field(50, gt=0)  # steps between measurements
+
+
 class AntiDoom(BaseModel):
     """Anti-doom-loop shaping of the RL reward: a penalty for repeated word n-grams."""
 
@@ -375,6 +384,11 @@ class SampledEval(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
 
 
+def python_files(names) -> list[str]:
+    """The Python modules among a task folder's file names (lm-eval imports `!function` targets from them)."""
+    return sorted(name for name in names if name.endswith((".py", ".pyc")))
+
+
 class EvaluationSettings(BaseModel):
     """What an evaluation plays: `n` eval tasks per env, greedy episodes (and sampled ones, with
     `sampled`) of at most `max_new_tokens` an action, decoded `batch_size` at a time, each greedy
@@ -389,7 +403,40 @@ class EvaluationSettings(BaseModel):
     sampled: SampledEval | None = SampledEval()  # also sampled accuracy (a second pass over the tasks)
     judge: Judge | None = None  # also a judge model's verdict on every greedy answer
     seed: int = 0
+    lm_eval: LmEvalSettings | None = None  # also lm-evaluation-harness tasks (tasks/common/benchmarks.py)
+    humaneval: HumanEvalSettings | None = None  # also HumanEval's pass@k, completions run in the sandbox
+
+    # lm_eval.include_path once read: a data_contracts Source, or what the store kept of it ({digest, files})
+    _task_folder: object = PrivateAttr(None)
 
     def evaluation_settings(self) -> dict:
         """These fields' values, to build another evaluation with the same settings."""
         return {name: getattr(self, name) for name in EvaluationSettings.model_fields}
+
+    def read_benchmark_sources(self, spec_dir, store) -> None:
+        """lm_eval.include_path, a folder of task YAMLs and their data, relative to `spec_dir` (None: the
+        working folder): readable now, with no link in it (FieldError)."""
+        if self.lm_eval is None or self.lm_eval.include_path is None:
+            return
+        from data_contracts.sources import SourceError, locate, options_for, source_files
+
+        source = locate(self.lm_eval.include_path, spec_dir)
+        try:
+            if source.kind == "hub":
+                raise SourceError(f"{self.lm_eval.include_path}: not found")
+            files = source_files(source, options_for(source, store.uri, store.options))
+        except SourceError as exc:
+            raise FieldError("lm_eval.include_path", str(exc)) from None
+        code = python_files(files)
+        if code:
+            raise FieldError("lm_eval.include_path", f"{code[0]}: task folders hold YAML and data, no Python "
+                                                     "(lm-eval would import it through `!function`)")
+        self._task_folder = source
+
+    def use_kept_sources(self, kept: dict) -> None:
+        """The include_path's files as a run of the spec kept them in the store ({`lm_eval`: {digest, files}})."""
+        self._task_folder = kept["lm_eval"]
+
+    def sources(self) -> dict:
+        """{`lm_eval`: the include_path's Source, or its kept entry}: what the orchestrator keeps in the store."""
+        return {"lm_eval": self._task_folder} if self._task_folder is not None else {}

@@ -136,7 +136,7 @@ def test_every_error_is_openais_json_shape(base_url):
     refused(httpx.get(f"{base_url}/no/such/route"), 404, None, "Not Found")
     refused(httpx.get(f"{base_url}/chat/completions"), 405, None, "Method Not Allowed")
     refused(ask(base_url, n=1000), 400, "n", "n: ")
-    refused(ask(base_url, messages=[{"role": "tool", "content": "x"}]), 400, "messages.0.role", "")
+    refused(ask(base_url, messages=[{"role": "narrator", "content": "x"}]), 400, "messages.0.role", "")
 
 
 def completes_promptly(base_url: str, within: float = 20) -> None:

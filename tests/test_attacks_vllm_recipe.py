@@ -16,12 +16,16 @@ DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
              "deployments/posttrain_vllm_worker.py"]
 
 
+# a command line: environment assignments, then a `vllm` executable (a path too), then `serve`
+COMMAND = re.compile(r"^\s*(?:[A-Z_]+=\S*\s+)*\S*\bvllm serve\b")
+
+
 def vllm_commands(text: str) -> list[str]:
     """Each `vllm serve` command of a text, its continuation lines (`\\`) joined, comment marks dropped."""
     lines = [re.sub(r"^\s*#\s?", "", line) for line in text.splitlines()]
     commands, index = [], 0
     while index < len(lines):
-        if re.search(r"\bvllm serve\b", lines[index]):
+        if COMMAND.match(lines[index]):
             command = lines[index]
             while command.rstrip().endswith("\\") and index + 1 < len(lines):
                 index += 1
@@ -43,7 +47,7 @@ def test_vllm_recipe_every_documented_command_binds_a_private_address_with_a_key
     found = 0
     for name in DOCUMENTS:
         for command in vllm_commands((ROOT / name).read_text()):
-            words = shlex.split(command)
+            words = shlex.split(command, comments=True)
             assert "--host" in words, f"{name}: a vllm serve without --host listens on every interface: {command}"
             host = words[words.index("--host") + 1]
             assert private_or_loopback(host), f"{name}: vllm serve --host {host} is not private: {command}"

@@ -70,6 +70,21 @@ def test_splits_are_disjoint_and_held_out_by_fraction(tmp_path, monkeypatch):
     assert len(env.rows["train"]) == 10 and len(env.rows["eval"]) == 3
 
 
+def test_synthesize_draws_a_repeated_row_under_an_id_of_its_own(tmp_path, monkeypatch):
+    """More teacher traces than train rows (pipelines/mcp.yaml: 600 over ~70): the repeats get ids of
+    their own, as the sft contract wants them unique, and the first pass keeps the rows' ids."""
+    from tasks.stages.synthesize import SynthesizeStage, drawn_tasks
+
+    env = env_with_user_rewards(tmp_path, monkeypatch)
+    stage = SynthesizeStage(id="traces", kind="synthesize", env="qa", n=100, teacher="oracle")
+    tasks = drawn_tasks(env, stage)
+    ids = [task.id for task in tasks]
+    assert len(set(ids)) == 100 and {task.prompt for task in tasks} == {PROMPT}
+    train = len(env.rows["train"])
+    assert set(ids[:train]) == {task.id for task in env.rows["train"]}
+    assert ids[train].endswith("-r1") and ids[train].removesuffix("-r1") in ids[:train]
+
+
 def test_built_in_rewards():
     completions = ["So 2+2 = 4. The answer is 4.", "\\boxed{1,000}", "#### 7", "no idea"]
     assert rewards.exact_match(None, completions, answer=["4", "1000", "7", None]) == [1.0, 1.0, 1.0, None]

@@ -19,7 +19,7 @@ from envs.loader import BUILTIN_ENVS, ENV_KINDS, check_env_class, env_package
 def test_every_builtin_env_kind_passes_the_package_check():
     for env_class in BUILTIN_ENVS:
         check_env_class(env_class, env_class.config_class.model_fields["kind"].annotation.__args__[0])
-    assert ENV_KINDS == ("arith", "calc", "search", "cod", "openclaw", "rlm", "terminal", "dataset")
+    assert ENV_KINDS == ("arith", "calc", "search", "cod", "openclaw", "rlm", "terminal", "dataset", "mcp")
     assert env_package(ArithEnv.config_class(kind="arith")) is None  # built in: the code version covers it
 
 

@@ -7,7 +7,7 @@ from flows.spec import EvaluationConfig
 
 def row(checkpoint, step, accuracy, cache_key, inputs=(), n=200, env="arith", created="2026-12-06T10:00:00"):
     stage = checkpoint.split("/")[1].split("@")[0].split(".")[0]
-    return {"checkpoint": checkpoint, "env": env, "n": n, "accuracy": accuracy, "step": step,
+    return {"checkpoint": checkpoint, "env": env, "n": n, "accuracy": accuracy, "headline": accuracy, "step": step,
             "cache_key": cache_key, "stage": stage, "inputs": list(inputs), "created": created}
 
 

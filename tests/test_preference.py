@@ -154,3 +154,23 @@ def test_rollouts_without_a_single_pair_fail_the_stage_without_retries(tmp_path)
     with pytest.raises(NoTrainingData, match=r"no preference pairs in t/onpolicy@[0-9a-f]{16}: all 3 prompt "
                                                 r"groups tied or unscored"):
         run(align_stage(), ctx)
+
+
+def test_eval_fraction_held_out_loss_of_preference_is_in_the_curves_and_report(tmp_path):
+    """Pairs held out of training (`eval_fraction`): their loss and reward accuracy every `eval_every`
+    steps and after the last, as `held_out/...` series beside the training ones."""
+    import json
+
+    from models.config import ModelConfig
+    from tasks.stages.preference import run
+
+    ctx = stage_context(tmp_path, [1.2, 0.0], ModelConfig())
+    outputs = run(align_stage(eval_fraction=0.3, eval_every=2, checkpoint_every=10), ctx)
+    metrics = outputs["checkpoint"].metrics
+    assert metrics["held_out_pairs"] == 1 and metrics["pairs"] == 3
+    history = [json.loads(line) for line in (outputs["report"].local_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in history if "held_out/loss" in entry] == [2, 3]
+    assert metrics["final_held_out_loss"] == history[-1]["held_out/loss"] > 0
+    assert 0 <= history[-1]["held_out/reward_accuracy"] <= 1
+    report = (outputs["report"].local_dir / "report.md").read_text()
+    assert "| held_out/loss |" in report and "| held_out/reward_accuracy |" in report and "| loss |" in report

@@ -171,7 +171,7 @@ CASES = {
     "unknown env kind lists the kinds": (
         {**GOOD, "envs": {**GOOD["envs"], "box": {"kind": "shell"}}},
         "envs.box.kind: unknown kind 'shell' (expected one of 'arith', 'calc', 'search', 'cod', 'openclaw', "
-        "'rlm', 'terminal', 'dataset')"),
+        "'rlm', 'terminal', 'dataset', 'mcp')"),
     "missing terminal task folder": (
         {**GOOD, "envs": {**GOOD["envs"], "term": {"kind": "terminal", "tasks": "/nonexistent/tasks"}}},
         "envs.term.tasks: /nonexistent/tasks: no such task folder"),

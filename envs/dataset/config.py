@@ -130,10 +130,12 @@ Reward = Annotated[Annotated[RewardConfig, Tag("function-reward")]
                                  custom_error_message="a reward names its `function`, `reward_model` or `judge`")]
 
 
-class DatasetEnvConfig(BaseModel):
+class TaskRows(BaseModel):
+    """Where an env's task rows come from (the `dataset` and `mcp` kinds): a dataset stage of prompts
+    or its options inline (flows/spec_data.py makes it a stage), and the held-out split."""
+
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["dataset"]
     data: str | None = None  # a dataset stage of prompts (set by the spec when `source` is given)
     source: str | None = None  # the dataset stage's options, inline
     split: str | None = None
@@ -143,7 +145,6 @@ class DatasetEnvConfig(BaseModel):
     eval_fraction: float = Field(0.1, ge=0, lt=1)
     eval_data: str | None = None
     eval_source: str | None = None
-    rewards: list[Reward] = Field(min_length=1)
     # the folder its reward modules are looked for in first: the spec file's (flows/spec_data.py sets
     # it); None in a stage's process, which imports them from the import path (the request carried them)
     _reward_folder: Path | None = PrivateAttr(None)
@@ -155,14 +156,30 @@ class DatasetEnvConfig(BaseModel):
     def find_rewards_in(self, folder: Path) -> None:
         self._reward_folder = folder
 
+    def reward_functions(self) -> list[RewardConfig]:
+        """The TRL-style functions it names (their modules travel with a stage's request)."""
+        return []
+
+    @model_validator(mode="after")
+    def _rows_given(self):
+        if self.data is None and self.source is None:
+            raise ValueError("give the rows as `data: STAGE_ID` or `source: PATH`")
+        if self.eval_data is not None and self.eval_source is not None:
+            raise ValueError("give the held-out rows as `eval_data` or `eval_source`, not both")
+        return self
+
+
+class DatasetEnvConfig(TaskRows):
+    kind: Literal["dataset"]
+    rewards: list[Reward] = Field(min_length=1)
+
+    def reward_functions(self) -> list[RewardConfig]:
+        return [reward for reward in self.rewards if isinstance(reward, RewardConfig)]
+
     @model_validator(mode="after")
     def _one_source(self):
         labels = [reward.name if isinstance(reward, RewardConfig) else reward.label for reward in self.rewards]
         if len(set(labels)) < len(labels):
             twice = sorted({label for label in labels if labels.count(label) > 1})
             raise ValueError(f"rewards: two rewards named {', '.join(twice)} (give one a `name:`)")
-        if self.data is None and self.source is None:
-            raise ValueError("give the rows as `data: STAGE_ID` or `source: PATH`")
-        if self.eval_data is not None and self.eval_source is not None:
-            raise ValueError("give the held-out rows as `eval_data` or `eval_source`, not both")
         return self

@@ -13,9 +13,7 @@ formatted unless a function whose name ends in `format` scores it below 1.
 from __future__ import annotations
 
 import math
-import zlib
 
-from data_contracts.formats import plain
 from envs.base import (
     NO_OUTCOME,
     Check,
@@ -25,17 +23,15 @@ from envs.base import (
     RewardShapeError,
     Rubric,
     Task,
-    check_split,
 )
 from envs.dataset.config import DatasetEnvConfig, JudgeReward, RewardModelReward
 from envs.dataset.reward_modules import load_function, trl_reward
+from envs.dataset.rows import RowTasks
 from envs.single_turn import SingleTurnEnv
-from models.sampling import CONVERSATION_PREFIX, prompt_turns
 
 
-class DatasetEnv(SingleTurnEnv):
+class DatasetEnv(RowTasks, SingleTurnEnv):
     config_class = DatasetEnvConfig
-    reads_data = True  # the stage gives it the rows of its dataset stages (use_rows)
 
     def __init__(self, config: DatasetEnvConfig, name: str = "dataset"):
         super().__init__(config, name)
@@ -52,7 +48,6 @@ class DatasetEnv(SingleTurnEnv):
         formats = [func for func in funcs if func.name.endswith("format")]
         self.rubric = Rubric(funcs, correct=user_check(funcs[:1], not_applied_passes=False),
                              formatted=user_check(formats, not_applied_passes=True))
-        self.rows: dict[str, list[Task]] = {"train": [], "eval": []}
 
     def learned_rewards(self) -> list[RewardModelReward | JudgeReward]:
         """The rewards a model gives: a reward model's, a judge's (their scorers come from the stage)."""
@@ -81,41 +76,6 @@ class DatasetEnv(SingleTurnEnv):
 
         return RewardFunc(label, score, reward.weight, prefetch=prefetch)
 
-    def data_stages(self) -> list[str]:
-        return [stage for stage in (self.config.data, self.config.eval_data) if stage is not None]
-
-    def use_rows(self, rows: list[dict], eval_rows: list[dict] | None = None) -> None:
-        """The dataset's prompt rows as tasks of each split."""
-        tasks = [self.task(row) for row in rows]
-        if eval_rows is not None:
-            self.rows = {"train": tasks, "eval": [self.task(row) for row in eval_rows]}
-            return
-        cut = self.config.eval_fraction
-        held_out = [zlib.crc32(task.id.encode()) % 10_000 < cut * 10_000 for task in tasks]
-        self.rows = {"train": [t for t, out in zip(tasks, held_out) if not out],
-                     "eval": [t for t, out in zip(tasks, held_out) if out]}
-
-    def task(self, row: dict) -> Task:
-        prompt = row["prompt"]
-        turns = prompt_turns(prompt) if prompt.startswith(CONVERSATION_PREFIX) else None
-        extra = {key: _cell(value) for key, value in row.items()
-                 if key not in ("id", "row", "prompt", "conversational", "tools", "malformed", "total_tokens")}
-        answer = extra.get("answer")
-        return Task(id=f"{self.name}-{row['id']}", prompt=prompt, answer="" if answer is None else str(answer),
-                    info={"columns": extra, "prompt_turns": turns})
-
-    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
-        check_split(split)
-        pool = self.rows[split]
-        if not pool:
-            raise ValueError(f"env {self.name}: no {split} rows (is its dataset stage an input of this stage?)")
-        order = list(pool)
-        self.draw(split, seed).shuffle(order)
-        return [order[i % len(order)] for i in range(n)]
-
-    def all_tasks(self) -> list[Task]:
-        return self.rows["train"] + self.rows["eval"]
-
     def oracle_answer(self, task: Task) -> str:
         return f"The answer is {task.answer}."
 
@@ -140,9 +100,3 @@ def _full_marks(func: RewardFunc, completion: str, task: Task, outcome: Outcome)
     except Exception:  # the user's function: its error is the rubric's to report
         return False
     return None if value is None else math.isfinite(value) and value >= 1.0
-
-
-def _cell(value):
-    """A Parquet cell as a plain Python value (numpy scalars and arrays included; NaN is missing)."""
-    value = plain(value)
-    return None if isinstance(value, float) and math.isnan(value) else value

@@ -22,9 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, SubPolicy, Task
 from envs.openclaw.families import GeneratedClawTasks, request
 from envs.openclaw.graders import check_grader
+from envs.openclaw.native import native_actions, native_episode, native_task
 from envs.openclaw.tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
 from envs.task_files import files_below, regular_file
+from envs.tools.chat import ToolChat
+from envs.tools.episode import ToolEpisode
 
 DATA = Path(__file__).parents[1] / "data" / "openclaw"
 TOOLS_HELP = ('Tools, one per turn: <tool>{"name":"exec","command":"ls"}</tool>; also read {path}, '
@@ -47,6 +50,12 @@ class OpenClawEnvConfig(BaseModel):
     generated: GeneratedClawTasks | None = None
     max_turns: int = Field(6, ge=2)
     sandbox: SandboxLimits = SandboxLimits()
+    # how the model calls the tools: `tags`, <tool>{json}</tool> as TOOLS_HELP tells it; `native`, the tools
+    # as OpenAI schemas shown by the model's chat template and called in its own format (envs/tools)
+    tool_format: Literal["tags", "native"] = "tags"
+    # native: the template's tool-call family (envs/tools/parsers); auto: read from the chat template
+    # (the tiny presets' template writes none: name one)
+    tool_parser: Literal["auto", "hermes", "lfm2", "llama3"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -201,12 +210,21 @@ def well_formed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> f
     return float(outcome["bad_calls"] == 0 and outcome["replied"] == 1.0)
 
 
+def calls_well_formed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
+    """`well_formed` of the native format (envs/tools' metrics)."""
+    return float(outcome["malformed_calls"] == 0 and outcome["replied"] == 1.0)
+
+
 class OpenClawEnv(CatalogueEnv):
     config_class = OpenClawEnvConfig
     action_stop = ("</tool>",)
 
     def __init__(self, config: OpenClawEnvConfig, name: str = "openclaw"):
         super().__init__(config, name)
+        native = config.tool_format == "native"
+        self.speaks_tools = native  # native: the stage gives it the policy's tokenizer (use_chat)
+        self.action_stop = () if native else ("</tool>",)  # native turns end on the model's end token
+        self.chat: ToolChat | None = None
         root = Path(config.tasks) if config.tasks is not None else DATA
         if not (root / "tasks").is_dir():
             raise ValueError(f"{root}: no tasks/ folder of task files")
@@ -215,19 +233,35 @@ class OpenClawEnv(CatalogueEnv):
         self.web = load_web(root / "web.json")
         self.catalogue = config.generated.catalogue(generated_task) if config.generated is not None else [
             load_task(path, self.skills, root / "tasks" / "files") for path in sorted((root / "tasks").glob("*.md"))]
+        if native:
+            self.catalogue = [native_task(task, TOOLS_HELP) for task in self.catalogue]
         self.rubric = Rubric([
             RewardFunc("task", graded, 1.0),
             RewardFunc("tool_calls", tool_calls, 0.0),
             RewardFunc("tool_errors", tool_errors, 0.0),
-        ], correct=graded, formatted=well_formed)
+        ], correct=graded, formatted=calls_well_formed if native else well_formed)
 
-    def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode:
+    def use_chat(self, tokenizer) -> None:
+        """The policy's tool-call format (native only)."""
+        try:
+            self.chat = ToolChat.of(tokenizer, self.config.tool_parser)
+        except ValueError as exc:  # no template, or one of no known family (UnknownToolFormat)
+            raise ValueError(f"env {self.name}: tool_parser: {exc}") from None
+
+    def start(self, task: Task, llm: SubPolicy | None = None) -> OpenClawEpisode | ToolEpisode:
         """A fresh sandbox holding the task's files and the skill folders (SandboxUnavailable propagates)."""
         wall = min(self.config.sandbox.wall_seconds, float(task.info["timeout_seconds"]))
         limits = self.config.sandbox.model_copy(update={"wall_seconds": wall})
         files = {path: content for skill in self.skills.values() for path, content in skill.files.items()}
+        chat = self.tool_chat() if self.speaks_tools else None
         sandbox = Sandbox(limits, files={**files, **task.info["workspace"]})
-        return OpenClawEpisode(sandbox, self.web, task.info["grader"], task.info["grader_args"])
+        workspace = OpenClawEpisode(sandbox, self.web, task.info["grader"], task.info["grader_args"])
+        return native_episode(workspace, chat) if chat is not None else workspace
 
     def oracle_actions(self, task: Task) -> list[str]:
-        return list(task.info["oracle"])
+        return native_actions(self.tool_chat(), task.info["oracle"]) if self.speaks_tools else list(task.info["oracle"])
+
+    def tool_chat(self) -> ToolChat:
+        if self.chat is None:
+            raise RuntimeError(f"env {self.name}: no tool-call format (the stage gives it the tokenizer: use_chat)")
+        return self.chat

@@ -121,13 +121,18 @@ class OpenClawEpisode:
 
     def finish(self) -> Outcome:
         try:
-            graded = grade(self.grader, self.grader_args, self.transcript, self.sandbox.files())
-        except Exception:  # a grader bug on odd workspace content: reported as NaN by the rubric, never a silent 0
-            graded = math.nan
+            graded = self.graded(self.transcript)
         finally:
             self.sandbox.close()
         return {"graded": graded, "tool_calls": float(self.tool_calls), "tool_errors": float(self.tool_errors),
                 "bad_calls": float(self.bad_calls), "replied": float(self.replied)}
+
+    def graded(self, transcript: str) -> float:
+        """The task's grader on `transcript` (graders read its final reply) and the workspace now."""
+        try:
+            return grade(self.grader, self.grader_args, transcript, self.sandbox.files())
+        except Exception:  # a grader bug on odd workspace content: reported as NaN by the rubric, never a silent 0
+            return math.nan
 
     def _run(self, command: str) -> str:
         """A shell command's output; ToolError when it failed."""

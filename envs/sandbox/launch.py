@@ -47,7 +47,14 @@ GRADER_BYTES, GRADER_FILES = 8 * MB, 2000  # /grader: a grader's files, emptied 
 # namespace's root from these sysctls leaves the filter alone.
 DENY_SYSV_IPC = ('{ echo 0 > /proc/sys/kernel/shmall; echo 0 > /proc/sys/kernel/msgmni; '
                  'echo "0 0 0 0" > /proc/sys/kernel/sem; } 2>/dev/null || :; ')
-MOUNT_TMPFS = 'set -e; ' + DENY_SYSV_IPC + 'mount -a -T /dev/stdin; exec </dev/null; exec "$@"'
+
+
+def mount_tmpfs(stdin: str) -> str:
+    """The mounting shell's script; then its stdin is redirected by `stdin` and it execs the rest."""
+    return 'set -e; ' + DENY_SYSV_IPC + f'mount -a -T /dev/stdin; exec {stdin}; exec "$@"'
+
+
+MOUNT_TMPFS = mount_tmpfs("</dev/null")
 INSTALL_HINT = "bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap` (Debian/Ubuntu)"
 SECCOMP_HINT = "install libseccomp with `apt-get install libseccomp2` (Debian/Ubuntu)"
 GRADER = "/grader"  # where Sandbox.grade runs a grader (the agent empties it first)
@@ -231,8 +238,10 @@ def _fstab_field(text: str) -> str:
     return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in text)
 
 
-def tmpfs_fstab(limits: SandboxLimits, base: str, owner: int) -> str:
-    """The sandbox's tmpfs under `base` (itself a small tmpfs) as fstab lines, each folder made by the mount."""
+def tmpfs_fstab(limits: SandboxLimits, base: str, owner: int, read_only: tuple[str, ...] = ()) -> str:
+    """The sandbox's tmpfs under `base` (itself a small tmpfs) as fstab lines, each folder made by the
+    mount; then each host folder of `read_only` bound at `base/ro/<i>`, by the mount's root, which
+    can reach it where the sandbox's uid may not (a folder under /root), for bwrap to bind in turn."""
     capped = {"work": _tmpfs_options(limits.disk_mb * MB, limits.max_files, "0755", owner),
               "tmp": _tmpfs_options(TMP_BYTES, TMP_FILES, "01777", owner),
               "shm": _tmpfs_options(SHM_BYTES, SHM_FILES, "01777", owner),
@@ -240,15 +249,17 @@ def tmpfs_fstab(limits: SandboxLimits, base: str, owner: int) -> str:
     lines = [f"posttrain {_fstab_field(base)} tmpfs mode=0755,size=16k 0 0"]
     lines += [f"posttrain {_fstab_field(f'{base}/{name}')} tmpfs X-mount.mkdir,{options} 0 0"
               for name, options in capped.items()]
+    lines += [f"{_fstab_field(folder)} {_fstab_field(f'{base}/ro/{i}')} none bind,ro,X-mount.mkdir 0 0"
+              for i, folder in enumerate(read_only)]
     return "".join(line + "\n" for line in lines)
 
 
-def _namespaces(uid: int, root: bool) -> list[str]:
+def _namespaces(uid: int, root: bool, script: str = MOUNT_TMPFS) -> list[str]:
     """From the host to bwrap: the tmpfs mounted (their fstab on stdin), SysV IPC capped, and (as
     root) the drop to `uid`."""
     unshare = _util_linux("unshare")
     user = [] if root else ["--user", "--map-root-user"]
-    command = [unshare, *user, "--mount", "--ipc", "--propagation", "private", "--", "/bin/sh", "-c", MOUNT_TMPFS, "sh"]
+    command = [unshare, *user, "--mount", "--ipc", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh"]
     if root:
         command += [_util_linux("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     return command
@@ -256,23 +267,39 @@ def _namespaces(uid: int, root: bool) -> list[str]:
 
 def launch(limits: SandboxLimits, uid: int) -> Launch:
     """The command line up to the agent's own arguments (the host appends its two protocol fds)."""
-    bwrap = _tool("bwrap", INSTALL_HINT)
     python, python_binds = _python()
+    files = tuple((f"{INSIDE}/{name}", data) for name, data in agent_bytecode())
+    return _launch(limits, uid, files, [python, "-I", "-S", f"{INSIDE}/{inside_name(AGENT)}.pyc",
+                                        limits.model_dump_json()], binds=python_binds)
+
+
+def launch_program(limits: SandboxLimits, uid: int, program: list[str], read_only: tuple[str, ...],
+                   files: dict[str, bytes], stdin_fd: int) -> Launch:
+    """The command line of `program` run in the sandbox in the agent's place (an MCP server over
+    stdio: envs/mcp/sandboxed.py): the host folders `read_only` bound read-only where they are
+    (through the mount's root: tmpfs_fstab), `files` (path -> bytes) copied in read-only, and fd
+    `stdin_fd` as its stdin. No agent runs: the caller sets the process limits before it starts."""
+    return _launch(limits, uid, tuple(files.items()), program, read_only=read_only,
+                   script=mount_tmpfs(f"<&{stdin_fd} {stdin_fd}<&-"))
+
+
+def _launch(limits: SandboxLimits, uid: int, files: tuple[tuple[str, bytes], ...], program: list[str],
+            binds: list[str] = (), read_only: tuple[str, ...] = (), script: str = MOUNT_TMPFS) -> Launch:
+    bwrap = _tool("bwrap", INSTALL_HINT)
     root = privileged()
-    namespaces, base, program = _namespaces(uid, root), _mount_point(), _seccomp_program()
+    namespaces, base, seccomp = _namespaces(uid, root, script), _mount_point(), _seccomp_program()
     owner = uid if root else 0  # without root: the user namespace's root, which bwrap maps the policy's uid onto
-    agent = agent_bytecode()
     name = f"posttrain-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
     cgroup = sandbox_cgroup.create(name, memory_bound(limits), limits.processes + 2)  # + bwrap's monitor, the agent
     try:
-        fstab, *fds = _data_fds([("posttrain-fstab", tmpfs_fstab(limits, base, owner).encode()),
-                                 ("posttrain-seccomp", program), *agent])
+        fstab, *fds = _data_fds([("posttrain-fstab", tmpfs_fstab(limits, base, owner, read_only).encode()),
+                                 ("posttrain-seccomp", seccomp), *files])
     except BaseException:
         sandbox_cgroup.remove(cgroup)
         raise
     # copies in bwrap's root, not binds: /proc/self/mountinfo names no host path
-    agent_files = [arg for (file_name, _), fd in zip(agent, fds[1:])
-                   for arg in ("--perms", "0444", "--file", str(fd), f"{INSIDE}/{file_name}")]
+    copied = [arg for (path, _), fd in zip(files, fds[1:]) for arg in ("--perms", "0444", "--file", str(fd), path)]
+    bound = [arg for i, folder in enumerate(read_only) for arg in ("--ro-bind", f"{base}/ro/{i}", folder)]
     command = [
         *namespaces,
         # --unshare-all but IPC: the sandbox stays in the IPC namespace whose limits were written above
@@ -280,15 +307,15 @@ def launch(limits: SandboxLimits, uid: int) -> Launch:
         "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
         "--disable-userns", "--die-with-parent", "--seccomp", str(fds[0]),
         "--new-session", "--as-pid-1", "--hostname", "sandbox",
-        *_system_binds(), *python_binds, "--proc", "/proc", "--dev", "/dev",
+        *_system_binds(), *binds, "--proc", "/proc", "--dev", "/dev",
         "--bind", f"{base}/work", "/work", "--bind", f"{base}/tmp", "/tmp", "--bind", f"{base}/shm", "/dev/shm",
         "--bind", f"{base}/grader", GRADER,
-        *agent_files,
+        *bound, *copied,
         "--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs for / and /dev has no size cap
         "--chdir", "/work", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work",
         "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         "--setenv", "PYTHONNOUSERSITE", "1",  # no usercustomize.py under /work/.local runs in a grader's python
-        python, "-I", "-S", f"{INSIDE}/{inside_name(AGENT)}.pyc", limits.model_dump_json(),
+        *program,
     ]
     return Launch(sandbox_cgroup.enter(cgroup, command), tuple(fds), fstab, cgroup)

@@ -53,6 +53,10 @@ def check(kind: str, tasks: str | None, spec, generated: int | None = None) -> i
     try:
         env = make_env(kind if spec is not None else config.kind, config)
         tokenizer = load_tokenizer(resolve_base(spec.model.base if spec is not None else "tiny-llama"))
+        if getattr(env, "speaks_tools", False):
+            env.use_chat(tokenizer)  # the oracle's calls in the model's format
+        if getattr(env, "reads_data", False) and spec is not None:
+            env.use_rows(*source_rows(env, spec))
         rows = check_env(env, tokenizer)
     except (SandboxUnavailable, ValueError) as exc:
         raise EnvInputError(str(exc)) from None
@@ -69,6 +73,24 @@ def check(kind: str, tasks: str | None, spec, generated: int | None = None) -> i
     print(f"{env.name}: {len(rows) - failed}/{len(rows)} tasks hold (oracle = full reward "
           f"{rows[0].full_reward:g}, no-op = 0)" if rows else f"{env.name}: no tasks")
     return 0 if rows and failed == 0 else 1
+
+
+def source_rows(env, spec) -> list[list[dict]]:
+    """The rows of a row-reading env's dataset stages, read from their sources as the dataset stage
+    imports them (prompts), without a store: the train rows, then the held-out ones if given apart."""
+    from data_contracts.sources import options_for, rows_of, source_files
+    from tasks.stages.dataset import imported_rows, picked
+
+    stages, store, tables = {stage.id: stage for stage in spec.stages}, spec.store_location(), []
+    for stage_id in env.data_stages():
+        source = stages[stage_id].sources().get("source")
+        if source is None or source.kind == "hub":
+            raise EnvInputError(f"env {env.name}: its rows come from stage {stage_id}, whose source this command "
+                                "cannot read (a local file or a URL can be)")
+        files = source_files(source, options_for(source, store.uri, store.options))
+        stage = stages[stage_id]
+        tables.append(imported_rows(stage, "prompts", picked(stage, rows_of(files, stage.split, stage.source))))
+    return tables
 
 
 def list_kinds() -> int:

@@ -9,17 +9,19 @@ from flows.evaluate import env_data_inputs, evaluate, evaluation_stage, plan_eva
 from flows.stage_requests import state_error
 
 
-def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None) -> int:
+def run_eval(store: Store, ref: str, envs: list[str] | None, n: int | None, max_new_tokens: int | None,
+             benchmarks: dict | None = None) -> int:
     """Check the inputs (EvaluationInputError: one line), run the flow, print the metrics; exit code."""
     from flows.cli.common import check_prefect_api, temporary_api, use_temporary_api
     from tasks.runtime.launch import warm_up
 
-    plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens)
+    plan = plan_evaluation(ref, store, envs=envs, n=n, max_new_tokens=max_new_tokens, benchmarks=benchmarks)
     warm_up()  # the stage's imports load while Prefect starts
     use_temporary_api(temporary_api(check_prefect_api()))
-    print(f"evaluating {ref} on {', '.join(plan.stage.envs)} (n={plan.stage.n}, store {store.uri})", flush=True)
+    running = plan.stage.envs + [name for name in ("lm_eval", "humaneval") if getattr(plan.stage, name) is not None]
+    print(f"evaluating {ref} on {', '.join(running)} (n={plan.stage.n}, store {store.uri})", flush=True)
     state = evaluate(checkpoint_ref=ref, store=store.uri, storage_options=store.storage_options, envs=envs, n=n,
-                     max_new_tokens=max_new_tokens, return_state=True)
+                     max_new_tokens=max_new_tokens, benchmarks=benchmarks, return_state=True)
     if not state.is_completed():
         print(f"evaluation of {ref} failed: {state_error(state)}")
         return 1
@@ -75,9 +77,16 @@ def print_metrics(label: str, metrics: dict[str, dict], max_new_tokens: int) -> 
     """The metrics of one checkpoint (or model) per env, and a warning where most episodes were cut off."""
     from tasks.common.eval_report import unfinished_warnings
 
-    print(f"{'env':<12} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'tokens':>7} {'n':>5}")
-    for env_id, m in metrics.items():
+    from tasks.common.benchmarks import is_benchmark
+
+    envs = {env_id: m for env_id, m in metrics.items() if not is_benchmark(env_id)}
+    if envs:
+        print(f"{'env':<12} {'accuracy':>9} {'format':>7} {'doom-loop':>10} {'tokens':>7} {'n':>5}")
+    for env_id, m in envs.items():
         print(f"{env_id:<12} {m['accuracy']:>9.1%} {m['format_rate']:>7.1%} {m['doom_loop_rate']:>10.1%} "
               f"{m['mean_completion_tokens']:>7.1f} {m['n']:>5}")
+    for name, m in metrics.items():
+        if is_benchmark(name):
+            print(f"{name}: " + ", ".join(f"{metric} {value}" for metric, value in m.items()))
     for warning in unfinished_warnings({label: metrics}, max_new_tokens):
         print(f"warning: {warning}")

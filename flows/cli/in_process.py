@@ -48,8 +48,16 @@ class Upstream:
     def request(self, stage_id: str):
         from flows.stage_requests import stage_request
 
-        inputs = {upstream: self.output(upstream) for upstream in self.graph[stage_id]}
-        return stage_request(self.spec, self.spec.stage(stage_id), inputs, store=self.store.location,
+        from flows.stage_inputs import NoBestCheckpoint, resolve_inputs
+
+        stage = self.spec.stage(stage_id)
+        try:
+            inputs = resolve_inputs(self.spec.written_inputs(stage),
+                                    {upstream: self.output(upstream) for upstream in self.graph[stage_id]}, self.store,
+                                    print)
+        except NoBestCheckpoint as exc:
+            raise UserError(str(exc)) from None
+        return stage_request(self.spec, stage, inputs, store=self.store.location,
                              run_id=self.run_id, spec_hash=self.spec_hash)
 
     def output(self, stage_id: str) -> str:

@@ -1,7 +1,7 @@
 """`posttrain` command line: run | validate | status | eval | serve | serve-model | ls | lineage |
-verify | contracts | envs | sandbox, and --version. This module holds the parser, the dispatch and
-the run/validate/status/contracts/envs/sandbox commands; the others are in flows/cli/artifacts.py
-and flows/cli/serving.py."""
+verify | export | contracts | envs | sandbox, and --version. This module holds the parser, the dispatch and
+the run/validate/status/contracts/envs/sandbox commands; the others are in flows/cli/artifacts.py,
+flows/cli/serving.py and flows/cli/export.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from data_contracts.config import DATASET_KINDS
 from flows.cli.artifacts import add_artifact_commands
+from flows.cli.export import add_export_command
 from flows.cli.common import (
     DEFAULT_STORE,
     QUIET_DEFAULTS,
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     box.set_defaults(func=cmd_sandbox)
     add_serving_commands(commands)
     add_artifact_commands(commands)
+    add_export_command(commands)
     return parser
 
 

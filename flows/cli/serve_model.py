@@ -29,12 +29,13 @@ class ServeModelInputError(Exception):
 
 def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None,
                 limits: Limits | None = None, device: str | None = None, *, lora_folder: str | None = None,
-                api_key: str | None = None, insecure_no_auth: bool = False) -> int:
+                api_key: str | None = None, insecure_no_auth: bool = False, tool_call_parser: str | None = None) -> int:
     """Fetch the checkpoint and serve it until interrupted, refusing what `limits` bounds, on
     `device` (auto | cpu; None: the spec's `model.device`), with runtime LoRA adapters from
     `lora_folder` and every /v1 route behind `api_key` when given (required off loopback unless
     `insecure_no_auth`); exit code."""
     from models.serving import model_config
+    from envs.tools.parsers import parser_for
     from models.serving.app import ListenError, serve
 
     check_authenticated(host, api_key, insecure_no_auth)
@@ -49,7 +50,7 @@ def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None
         model = (model or model_config(folder)).model_copy(update={"device": device})
     try:
         serve(folder, name or str(pinned), host=host, port=port, model=model, limits=limits, lora_folder=lora_folder,
-              api_key=api_key)
+              api_key=api_key, tool_parser=parser_for(tool_call_parser) if tool_call_parser else None)
     except ListenError as exc:
         raise ServeModelInputError(f"port: {exc}") from None
     except ValueError as exc:  # a served model that cannot take runtime adapters
@@ -57,15 +58,15 @@ def serve_model(ref: str, store_uri: str, host: str, port: int, name: str | None
     return 0
 
 
-def fetch_checkpoint(ref: Ref, store: Store) -> tuple[Path, ModelConfig | None]:
-    """The local folder of a committed checkpoint and its spec's model config (None when its
-    producer records no spec); ServeModelInputError naming the field otherwise."""
+def fetch_checkpoint(ref: Ref, store: Store, local_dir: Path | None = None) -> tuple[Path, ModelConfig | None]:
+    """The local folder of a committed checkpoint (`local_dir`: a copy there) and its spec's model
+    config (None when its producer records no spec); ServeModelInputError naming the field otherwise."""
     try:
         manifest = store.manifest(ref)
         if manifest["kind"] != "checkpoint":
             raise ServeModelInputError(f"ref: {ref} is a {manifest['kind']}, not a checkpoint")
         spec = checkpoint_spec(store, manifest)
-        return store.fetch(ref), spec.model if spec else None
+        return store.fetch(ref, local_dir), spec.model if spec else None
     except StoreError as exc:
         raise ServeModelInputError(f"ref: {exc}") from None
     except SpecError as exc:

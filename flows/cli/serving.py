@@ -24,13 +24,44 @@ def cmd_eval(args) -> int:
 
     if not args.ref:
         raise UserError("ref: name a checkpoint (name@version), or an endpoint with --endpoint and --model")
+    benchmarks = benchmark_settings(args)
     store = open_store(args.store)
     ref = str(resolve_ref(store, args.ref))
     check_prefect_api()
     try:
-        return run_eval(store, ref, args.env, args.n, args.max_new_tokens)
+        return run_eval(store, ref, args.env, args.n, args.max_new_tokens, benchmarks)
     except EvaluationInputError as exc:
         raise UserError(str(exc)) from None
+
+
+def benchmark_settings(args) -> dict | None:
+    """`--lm-eval TASK ...` and `--humaneval-limit N`: the benchmarks to run instead of the spec's (a bad
+    value is one line naming its flag)."""
+    from tasks.common.benchmarks import HumanEvalSettings, LmEvalSettings
+
+    if args.lm_eval_include and not args.lm_eval:
+        raise UserError("--lm-eval-include: name the tasks to run with --lm-eval")
+    benchmarks = {}
+    if args.lm_eval:
+        benchmarks["lm_eval"] = flag_settings(
+            LmEvalSettings, {"limit": "lm-eval-limit", "num_fewshot": "lm-eval-fewshot"}, tasks=args.lm_eval,
+            include_path=args.lm_eval_include, limit=args.lm_eval_limit, num_fewshot=args.lm_eval_fewshot,
+            apply_chat_template=args.lm_eval_chat_template)
+    if args.humaneval_limit is not None:
+        benchmarks["humaneval"] = flag_settings(HumanEvalSettings, {"limit": "humaneval-limit"},
+                                                limit=args.humaneval_limit)
+    return benchmarks or None
+
+
+def flag_settings(settings_class, flags: dict[str, str], **values) -> dict:
+    """The settings the flags give, as a dict; UserError naming the flag of a bad value."""
+    from pydantic import ValidationError
+
+    try:
+        return settings_class(**values).model_dump()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise UserError(f"--{flags[error['loc'][0]]}: {error['msg']}") from None
 
 
 def check_endpoint_url(url: str) -> None:
@@ -104,7 +135,8 @@ def cmd_serve_model(args) -> int:
             raise UserError(f"--api-key-env: environment variable {args.api_key_env} is not set")
     try:
         return serve_model(args.ref, args.store, args.host, args.port, args.name, limits, args.device,
-                           lora_folder=args.lora_folder, api_key=api_key, insecure_no_auth=args.insecure_no_auth)
+                           lora_folder=args.lora_folder, api_key=api_key, insecure_no_auth=args.insecure_no_auth,
+                           tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
     except ServeModelInputError as exc:
         raise UserError(str(exc)) from None
 
@@ -123,6 +155,15 @@ def add_serving_commands(commands) -> None:
                             "(repeatable; default: the spec's evaluation.envs)")
     evaluation.add_argument("--n", type=int, help="tasks per env (default: the spec's evaluation.n)")
     evaluation.add_argument("--max-new-tokens", type=int)
+    evaluation.add_argument("--lm-eval", action="append", metavar="TASK", help="an lm-eval task to run "
+                            "(repeatable; instead of the spec's evaluation.lm_eval; without --env, no env runs)")
+    evaluation.add_argument("--lm-eval-include", metavar="DIR", help="with --lm-eval: a folder of task YAMLs")
+    evaluation.add_argument("--lm-eval-limit", type=int, metavar="N", help="with --lm-eval: documents per task")
+    evaluation.add_argument("--lm-eval-fewshot", type=int, metavar="N", help="with --lm-eval: few-shot examples")
+    evaluation.add_argument("--lm-eval-chat-template", action="store_true",
+                            help="with --lm-eval: prompts through the checkpoint's chat template")
+    evaluation.add_argument("--humaneval-limit", type=int, metavar="N",
+                            help="also HumanEval's first N problems (greedy, pass@1)")
     evaluation.add_argument("--store", default=DEFAULT_STORE)
     evaluation.set_defaults(func=cmd_eval)
     serve = commands.add_parser("serve", help="serve the evaluate-on-checkpoint trigger (and a pipeline) "
@@ -160,4 +201,8 @@ def add_serving_commands(commands) -> None:
                      "process's arguments: prefer --api-key-env)")
     serve_model.add_argument("--insecure-no-auth", action="store_true", help="serve off loopback without a key "
                              "(only behind a proxy that authenticates)")
+    serve_model.add_argument("--enable-auto-tool-choice", action="store_true", help="answer tool calls as OpenAI "
+                             "`tool_calls`, read by --tool-call-parser (as vLLM's flag; docs/TOOLS.md)")
+    serve_model.add_argument("--tool-call-parser", choices=("hermes", "lfm2", "llama3"), default="hermes",
+                             help="the template family whose tool calls are read (default hermes: Qwen3)")
     serve_model.set_defaults(func=cmd_serve_model)

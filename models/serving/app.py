@@ -138,7 +138,7 @@ class ApiKey:
 
 
 def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = None, limits: Limits | None = None,
-             *, lora_folder: str | Path | None = None, api_key: str | None = None):
+             *, lora_folder: str | Path | None = None, api_key: str | None = None, tool_parser=None):
     """The FastAPI app serving the checkpoint in `folder` as `model_name`, loaded with `model`
     (the spec's model config: dtype, LoRA base) when known, refusing what `limits` bounds;
     `app.state` holds both (server_config reads the limits)."""
@@ -146,7 +146,7 @@ def make_app(folder: str | Path, model_name: str, model: ModelConfig | None = No
     from starlette.responses import Response, StreamingResponse
 
     limits = limits or Limits()
-    served = ServedModel(folder, model_name, model, limits, lora_folder)
+    served = ServedModel(folder, model_name, model, limits, lora_folder, tool_parser)
     app = FastAPI(title=f"posttrain serve-model {model_name}")
     app.state.served, app.state.limits = served, limits
     app.add_middleware(BodyLimit, limits=limits)
@@ -235,12 +235,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve(folder: str | Path, model_name: str, host: str = "127.0.0.1", port: int = 8000,
           model: ModelConfig | None = None, limits: Limits | None = None, *, lora_folder: str | Path | None = None,
-          api_key: str | None = None) -> None:
+          api_key: str | None = None, tool_parser=None) -> None:
     """Serve until interrupted. The line is printed once the socket listens, so a client that read
     it can connect; port 0 picks a free port (the line names it)."""
     import uvicorn
 
     sock = listening_socket(host, port)
-    app = make_app(folder, model_name, model, limits, lora_folder=lora_folder, api_key=api_key)
+    app = make_app(folder, model_name, model, limits, lora_folder=lora_folder, api_key=api_key, tool_parser=tool_parser)
     print(f"serving {model_name} on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
     uvicorn.Server(server_config(app, app.state.limits)).run(sockets=[sock])

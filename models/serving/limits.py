@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 MAX_MESSAGES = 512  # messages in one request
 MAX_CONTENT_CHARS = 262_144  # characters in one message's content
+MAX_TOOLS = 128  # tools in one chat request, calls in one message
 MAX_STOP = 16  # stop strings in one request
 MAX_STOP_CHARS = 256  # characters in one stop string
 MAX_SEED = 2**63 - 1  # seeds are 0..MAX_SEED: the engine's torch generator takes a 64-bit seed

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 from models.config import ModelConfig
 from models.loading import ADAPTER_CONFIG, load_model, load_tokenizer
 from models.sampling import Generation, SamplingParams, generate_tokens
 from models.serving.batch import Batcher, Job
+from models.serving.echo import echo_choices
 from models.serving.limits import MAX_CHOICES, Limits, ServingError
 from models.serving.weights import Adapters, LoadAdapter, ReloadWeights, copy_weights, weight_files
 from models.serving.requests import ChatRequest, CompletionRequest, SamplingRequest
@@ -19,13 +21,16 @@ from models.serving.responses import chat_logprobs, completion_logprobs, envelop
 SENTINEL = "\x00posttrain-final-message\x00"  # stands for the final message's content while rendering
 
 
-def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool) -> str:
-    """The chat template's text; to continue the final message, everything the template writes
-    after its content (the end-of-turn marker) is cut, found by rendering a sentinel in its place."""
+def render_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
+                  tools: list[dict] | None = None) -> str:
+    """The chat template's text (`tools`: OpenAI tool schemas, rendered by the template); to continue
+    the final message, everything the template writes after its content (the end-of-turn marker) is
+    cut, found by rendering a sentinel in its place."""
     if not continue_final_message:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
     *earlier, final = messages
-    rendered = tokenizer.apply_chat_template([*earlier, {**final, "content": SENTINEL}], tokenize=False,
+    rendered = tokenizer.apply_chat_template([*earlier, {**final, "content": SENTINEL}], tools=tools, tokenize=False,
                                              add_generation_prompt=False)
     cut = rendered.rfind(SENTINEL)
     if cut < 0:
@@ -51,8 +56,11 @@ class ServedModel:
     adapters; a request waits for the engine at most `limits.queue_timeout` seconds."""
 
     def __init__(self, folder: str | Path, name: str, model: ModelConfig | None = None,
-                 limits: Limits | None = None, lora_folder: str | Path | None = None):
+                 limits: Limits | None = None, lora_folder: str | Path | None = None, tool_parser=None):
         self.name, self.created = name, int(time.time())
+        # reads an answer's tool calls (envs/tools/parsers: `parse(text)` -> content, calls, malformed);
+        # None: tool_choice other than "none" is refused, as vLLM without --enable-auto-tool-choice
+        self.tool_parser = tool_parser
         self.limits = limits or Limits()
         model = model or model_config(folder)
         self.device = serving_device(model)
@@ -86,8 +94,16 @@ class ServedModel:
                            param="model")
 
     def chat_job(self, request: ChatRequest) -> tuple[Job, list[int]]:
-        prompt_ids = self.tokenizer(render_prompt(self.tokenizer, [m.model_dump() for m in request.messages],
-                                                  request.add_generation_prompt, request.continue_final_message),
+        if request.tool_choice not in (None, "none") and self.tool_parser is None:
+            raise ServingError(400, f"tool_choice {request.tool_choice if isinstance(request.tool_choice, str) else 'named'!r}"
+                                    " needs serve-model started with --enable-auto-tool-choice --tool-call-parser NAME",
+                               param="tool_choice")
+        if request.stream and request.tool_schemas() is not None and self.tool_parser is not None:
+            raise ServingError(400, "stream: tool calls are not streamed by serve-model (send stream false)",
+                               param="stream")
+        prompt_ids = self.tokenizer(render_prompt(self.tokenizer, [m.template_turn() for m in request.messages],
+                                                  request.add_generation_prompt, request.continue_final_message,
+                                                  request.tool_schemas()),
                                     add_special_tokens=False)["input_ids"]
         return self._job(request, [prompt_ids], "messages"), prompt_ids
 
@@ -158,13 +174,24 @@ class ServedModel:
     def chat_answer(self, request: ChatRequest, job: Job, prompt_ids: list[int]) -> dict:
         choices = []
         for index, generation in enumerate(self.choices(request, job)):
-            choice = {"index": index, "message": {"role": "assistant", "content": self.text(request, job, generation)},
-                      "finish_reason": generation.finish_reason,
+            message, finish = self.message(request, self.text(request, job, generation), generation.finish_reason)
+            choice = {"index": index, "message": message, "finish_reason": finish,
                       "logprobs": chat_logprobs(self.tokenizer, generation) if request.logprobs else None}
             choices.append({**choice, "token_ids": generation.token_ids} if request.return_token_ids else choice)
         answer = {**envelope("chat.completion", request.model), **self.version_of(job), "choices": choices,
                   "usage": usage(len(prompt_ids), self.choices(request, job))}
         return {**answer, "prompt_token_ids": prompt_ids} if request.return_token_ids else answer
+
+    def message(self, request: ChatRequest, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The answer's message: its tool calls read by the parser (finish_reason "tool_calls") where
+        the request offers tools, else its text."""
+        if self.tool_parser is None or request.tool_schemas() is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        parsed = self.tool_parser.parse(text)
+        if not parsed.calls:
+            return {"role": "assistant", "content": text}, finish_reason
+        calls = [{**call.openai(), "id": f"call_{uuid.uuid4().hex[:24]}"} for call in parsed.calls]
+        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
 
     def completion_answer(self, request: CompletionRequest, job: Job, prompts: list[list[int]]) -> dict:
         choices = []
@@ -176,6 +203,8 @@ class ServedModel:
             if request.return_token_ids:
                 choice |= {"token_ids": generation.token_ids, "prompt_token_ids": prompts[index // request.n]}
             choices.append(choice)
+        if request.echo:
+            echo_choices(self, request, job, prompts, choices)
         return {**envelope("text_completion", request.model), **self.version_of(job), "choices": choices,
                 "usage": usage(sum(len(p) for p in prompts), self.choices(request, job))}
 

@@ -11,6 +11,7 @@ be token ids, vLLM's token-in form: what the server decodes from is then exactly
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +28,7 @@ from models.serving.limits import (
     MAX_SEED,
     MAX_STOP,
     MAX_STOP_CHARS,
+    MAX_TOOLS,
 )
 
 
@@ -84,11 +86,52 @@ class SamplingRequest(BaseModel):
                               self.top_p, max(self.top_k, 0), self.stop_strings(), self.top_logprobs_asked())
 
 
-class ChatMessage(BaseModel):
+class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=MAX_CONTENT_CHARS)
+    name: str = Field(min_length=1, max_length=MAX_STOP_CHARS)
+    description: str = Field("", max_length=MAX_CONTENT_CHARS)
+    parameters: dict = {"type": "object", "properties": {}}
+
+
+class Tool(BaseModel):
+    """OpenAI's tool schema, `{"type": "function", "function": {name, description, parameters}}`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, str]  # {"name": ...}
+
+
+class ChatMessage(BaseModel):
+    """A chat turn; an assistant's may carry `tool_calls` (then its content may be null), a `tool`
+    turn answers one (`tool_call_id`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
+    tool_calls: list[dict] | None = Field(None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(None, max_length=MAX_STOP_CHARS)
+    name: str | None = Field(None, max_length=MAX_STOP_CHARS)
+
+    @model_validator(mode="after")
+    def _content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant's with tool_calls may omit it)")
+        return self
+
+    def template_turn(self) -> dict:
+        """The turn as chat templates read it (a call's `arguments` as the object it encodes)."""
+        turn = {**self.model_dump(exclude_none=True), "content": self.content or ""}
+        if self.tool_calls:
+            turn["tool_calls"] = [decoded_call(call) for call in self.tool_calls]
+        return turn
 
     @model_validator(mode="before")
     @classmethod
@@ -112,9 +155,13 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice needs tools")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt false")
         if self.continue_final_message and self.messages[-1].role != "assistant":
@@ -126,6 +173,12 @@ class ChatRequest(SamplingRequest):
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def tool_schemas(self) -> list[dict] | None:
+        """The tools the template renders (none when tool_choice is "none", as OpenAI's API hides them)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump() for tool in self.tools]
+
     def top_logprobs_asked(self) -> int:
         return self.top_logprobs or 0
 
@@ -136,7 +189,8 @@ class CompletionRequest(SamplingRequest):
 
     prompt: str | list  # a text, token ids, or a list of either (checked by `_bounded_prompt`)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # log-probs of the sampled tokens and this many more
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion, its tokens' log-probs too (models/serving/echo.py)
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: the prompt alone (lm-eval's loglikelihood)
     return_tokens_as_token_ids: bool = False
 
     @field_validator("prompt", mode="before")
@@ -159,9 +213,14 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.echo:
-            raise ValueError("echo is not supported by posttrain serve-model")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo true")
+        if self.echo and self.stream:
+            raise ValueError("echo is not supported with stream by posttrain serve-model")
         return self
+
+    def token_budget(self) -> int | None:
+        return 1 if self.max_tokens == 0 else self.max_tokens  # 0: one token decoded, none answered
 
     def prompts(self) -> list[str | list[int]]:
         return prompt_list(self.prompt)
@@ -175,3 +234,14 @@ def prompt_list(prompt) -> list:
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
         return [prompt]
     return list(prompt)
+
+
+def decoded_call(call: dict) -> dict:
+    """An OpenAI tool call with its `arguments` JSON text decoded (templates write them as objects)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        return {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
+    except json.JSONDecodeError:
+        return call

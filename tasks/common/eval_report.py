@@ -1,4 +1,4 @@
-"""An evaluation's report: a markdown table of every checkpoint × env and a PNG of its rates.
+"""An evaluation's report: a markdown table of every checkpoint × env (and benchmark) and a PNG of its rates.
 
 The folder this writes (report.md, evaluation.png, metrics.json) is the `report` output of an
 evaluation; the flows publish report.md as a Prefect artifact, the chart inline
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+from tasks.common.benchmarks import is_benchmark
 
 RATES = ("accuracy", "format_rate", "doom_loop_rate")  # plotted: all in [0, 1]
 TABLE_COLUMNS = ("accuracy", "accuracy_se", "paired_gain", "paired_se", "sampled_accuracy", "sampled_paired_gain",
@@ -28,6 +30,8 @@ def unfinished_warnings(metrics: dict[str, dict[str, dict]], max_new_tokens: int
     lines = []
     for key, by_env in metrics.items():
         for env_id, values in by_env.items():
+            if is_benchmark(env_id):
+                continue
             unfinished = values["truncated_rate"] - values["doom_loop_rate"]
             if unfinished > UNFINISHED_WARNING:
                 lines.append(f"{key} on {env_id}: {unfinished:.0%} of the episodes ended unfinished without a doom "
@@ -53,9 +57,16 @@ def report_markdown(metrics: dict, checkpoints: dict[str, str], title: str, warn
         lines += ["**Warnings**", "", *(f"- {warning}" for warning in warnings), ""]
     lines += ["| checkpoint | env | " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|" + "---:|" * len(TABLE_COLUMNS)]
     for key, by_env in metrics.items():
-        for env_id, values in by_env.items():
+        for env_id, values in envs_of(by_env).items():
             cells = [_cell(values.get(column)) for column in TABLE_COLUMNS]
             lines.append(f"| `{checkpoints[key]}` | {env_id} | " + " | ".join(cells) + " |")
+    benchmarks = [(key, name, values) for key, by_env in metrics.items() for name, values in by_env.items()
+                  if is_benchmark(name)]
+    if benchmarks:
+        lines += ["", "| checkpoint | benchmark | metrics |", "|---|---|---|"]
+        lines += [f"| `{checkpoints[key]}` | {name} | " + " · ".join(f"{metric} {_cell(value)}" for metric, value
+                                                                      in values.items()) + " |"
+                  for key, name, values in benchmarks]
     lines += ["", "![rates](evaluation.png)", "", "As JSON: [metrics.json](metrics.json)", ""]
     return "\n".join(lines)
 
@@ -65,6 +76,7 @@ def plot_rates(metrics: dict, path: Path, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    metrics = {key: envs_of(by_env) for key, by_env in metrics.items()}  # a benchmark has no such rates
     labels = [f"{key}\n{env_id}" for key, by_env in metrics.items() for env_id in by_env]
     figure = Figure(figsize=(max(4.0, 1.1 * len(labels)) * len(RATES) / 2, 3.2), dpi=100)
     FigureCanvasAgg(figure)
@@ -78,6 +90,11 @@ def plot_rates(metrics: dict, path: Path, title: str) -> None:
         ax.tick_params(labelsize=7)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def envs_of(by_env: dict[str, dict]) -> dict[str, dict]:
+    """The envs' metrics of a checkpoint, without its benchmarks'."""
+    return {env_id: values for env_id, values in by_env.items() if not is_benchmark(env_id)}
 
 
 def _cell(value) -> str:

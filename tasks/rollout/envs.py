@@ -14,6 +14,8 @@ def stage_env(ctx: StageContext, env_id: str, tokenizer=None):
     scorers of its learned rewards (inputs of this stage; a reward model's tokenizer checked against
     `tokenizer`, the policy's)."""
     env = make_env(env_id, ctx.envs[env_id])
+    if getattr(env, "speaks_tools", False) and tokenizer is not None:
+        env.use_chat(tokenizer)  # its tool calls in the policy's own format (envs/tools/chat.py)
     if getattr(env, "reads_data", False):
         rows = [read_rows(ctx.fetch(stage_id)) for stage_id in env.data_stages()]
         env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from envs.base import Outcome, Task
+from envs.tools.chat import task_tools
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
 TURN_SEED_STRIDE = 7919  # turn t of an episode decodes with its seed + t * stride
@@ -162,7 +163,8 @@ def roll_out(policy, tokenizer, env, tasks: list[Task], params: SamplingParams, 
     sub_params = replace(params, temperature=None)  # an episode's own model calls decode greedily
     with ThreadPoolExecutor(EPISODE_THREADS) as pool:
         episodes = start_episodes(pool, env, tasks, lambda prompt: policy.complete(prompt, sub_params))
-        trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt)) for task in tasks]
+        trajectories = [Trajectory(env.name, task, chat_prompt(tokenizer, task.prompt, task_tools(task)))
+                        for task in tasks]
         try:
             _play(policy, tokenizer, env, episodes, trajectories, params, episode_seeds,
                   on_finished or (lambda done: None))
@@ -190,6 +192,18 @@ def finish_episodes(pool: ThreadPoolExecutor, episodes: list) -> list[Outcome]:
     return [future.result() for future in finished]
 
 
+def action_text(tokenizer, token_ids: list[int], reads_tool_calls: bool) -> str:
+    """An action's text. An env that reads tool calls gets special tokens too (LFM2's
+    <|tool_call_start|> is one: skipped, its calls would vanish), less the end token."""
+    if not reads_tool_calls:
+        return tokenizer.decode(token_ids, skip_special_tokens=True)
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    kept = len(token_ids)
+    while kept and token_ids[kept - 1] in ends:
+        kept -= 1
+    return tokenizer.decode(token_ids[:kept], skip_special_tokens=False)
+
+
 def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], params: SamplingParams,
           episode_seeds: list[int], on_finished) -> None:
     """Every turn: one batch of actions from the running episodes, and the env's answer to each."""
@@ -200,7 +214,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
                                  [episode_seeds[i] + turn * TURN_SEED_STRIDE for i in running])
         still_running = []
         for i, gen in zip(running, generations):
-            action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            action = action_text(tokenizer, gen.token_ids, getattr(env, "speaks_tools", False))
             truncated = gen.finish_reason == "length"
             answer = episodes[i].step(action) if not truncated else None
             observation = answer.observation if answer is not None and not answer.done else ""

@@ -9,6 +9,8 @@ per-completion rows are the stage's evaluation-results dataset. Every checkpoint
 but the `baseline`) also gets `paired_gain` and `paired_se`: its greedy accuracy minus the previous
 checkpoint's in the list (or the baseline's), on the same tasks, with the standard error of that
 paired difference; with sampled episodes, `sampled_paired_gain` and `sampled_paired_se` likewise.
+With `lm_eval` and `humaneval`, each checkpoint also gets lm-eval's tasks and HumanEval's pass@k beside its
+envs (tasks/rollout/benchmarks.py), their rows in the same dataset.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tasks.common.progress import Progress
 from tasks.common.ranks import split_and_gather
 from tasks.config import PLOT_MODULES, EvaluationSettings, StageBase
 from tasks.rollout.backends import LocalRollout, Rollout
+from tasks.rollout.benchmarks import benchmark_metrics
 from tasks.rollout.envs import stage_env
 from tasks.rollout.episodes import roll_out
 from tasks.rollout.judge import judge_metrics, judge_rows
@@ -45,13 +48,15 @@ class EvaluateStage(StageBase, EvaluationSettings):
 
     kind: Literal["evaluate"]
     checkpoints: list[str] = Field(min_length=1)
-    envs: list[str] = Field(min_length=1)
+    envs: list[str] = []  # none: the benchmarks alone (lm_eval, humaneval)
     baseline: str | None = None  # paired gains against this checkpoint; None: each against the one before it
     rollout: Rollout = Field(default_factory=LocalRollout)  # decode here, or on the server serving the one checkpoint
 
     @model_validator(mode="after")
     def _checkpoints(self):
         self.rollout.check_checkpoints(len(self.checkpoints))
+        if not self.envs and self.lm_eval is None and self.humaneval is None:
+            raise ValueError("envs: name at least one env, or a benchmark (lm_eval, humaneval)")
         if self.baseline is not None and self.baseline not in self.checkpoints:
             raise ValueError(f"baseline: {self.baseline!r} is not one of checkpoints ({', '.join(self.checkpoints)})")
         return self
@@ -61,6 +66,11 @@ class EvaluateStage(StageBase, EvaluationSettings):
 
     def env_refs(self):
         return [(f"envs[{i}]", env) for i, env in enumerate(self.envs)]
+
+    def read_sources(self, spec_dir, store) -> None:
+        self.read_benchmark_sources(spec_dir, store)
+
+    sources = EvaluationSettings.sources  # lm_eval.include_path's files (StageBase's would say none)
 
     def stage_refs(self):
         return [(f"checkpoints[{i}]", c, "checkpoint") for i, c in enumerate(self.checkpoints)]
@@ -176,8 +186,9 @@ def evaluate_policy(policy, tokenizer, env, stage: EvaluateStage, label: str,
 def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     rows, metrics = [], {}
-    progress = Progress(len(stage.checkpoints) * len(stage.envs), 0, ctx.stage_id, log_every=1,
-                        on_update=ctx.report_progress)  # a step: one checkpoint on one env
+    benchmarks = int(stage.lm_eval is not None) + int(stage.humaneval is not None)
+    progress = Progress(len(stage.checkpoints) * (len(stage.envs) + benchmarks), 0, ctx.stage_id, log_every=1,
+                        on_update=ctx.report_progress)  # a step: one checkpoint on one env (or benchmark)
     envs = {}  # built once (a reward model's scorer loads once), on the first checkpoint's tokenizer
     for checkpoint in stage.checkpoints:
         folder = ctx.fetch(checkpoint)
@@ -194,6 +205,13 @@ def run(stage: EvaluateStage, ctx: StageContext) -> dict[str, StageOutput]:
             ctx.log(f"{checkpoint} on {env_id}: {metrics[checkpoint][env_id]} "
                     f"({time.monotonic() - began:.1f}s)")
             progress.update(sum(len(done) for done in metrics.values()))
+        if benchmarks:
+            began = time.monotonic()
+            benchmark_rows, scores = benchmark_metrics(stage, policy, folder, tokenizer, ctx, checkpoint)
+            rows += benchmark_rows
+            metrics[checkpoint].update(scores)
+            ctx.log(f"{checkpoint} on {', '.join(scores)}: {scores} ({time.monotonic() - began:.1f}s)")
+            progress.update(len(metrics) * (len(stage.envs) + benchmarks))
     add_paired_gains(metrics, rows, stage.baseline)
     warnings = unfinished_warnings(metrics, stage.max_new_tokens)
     for warning in warnings:

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from data_contracts.config import ContractParams
+from envs.tools.chat import task_tools
 from models.loading import context_length, load_tokenizer, resolve_base, set_threads
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
@@ -171,7 +172,7 @@ def run(stage: GenerateStage, ctx: StageContext) -> dict[str, StageOutput]:
         if env.max_turns > 1:
             groups = episode_groups(env, own, policy, tokenizer, stage, progress.update, mine)
         else:
-            prompt_ids = [chat_prompt(tokenizer, task.prompt) for task in own]
+            prompt_ids = [chat_prompt(tokenizer, task.prompt, task_tools(task)) for task in own]
             groups = single_turn_groups(env, own, prompt_ids,
                                         completions(policy, prompt_ids, stage, progress.update, mine))
         rows = rollout_rows(env, groups, stage)

@@ -13,12 +13,13 @@ from models.token_logps import label_logps
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.datasets import read_rows
 from tasks.common.encoding import Example, collate, encode_row
-from tasks.config import PLOT_MODULES, DatasetTrainStage
+from tasks.config import PLOT_MODULES, DatasetTrainStage, HeldOutLoss
+from tasks.train.held_out import due, held_out_metrics, measuring, split_held_out
 from tasks.train.learner import Learner
 from tasks.train.loop import mixed_batch_indices, start_training, total_steps
 
 
-class SftStage(DatasetTrainStage):
+class SftStage(DatasetTrainStage, HeldOutLoss):
     """Supervised fine-tuning with a completion-only loss."""
 
     outputs = ("checkpoint", "report")
@@ -65,6 +66,26 @@ def train_step(learner: Learner, batch: list[Example], pad_id: int, step_tokens:
     return nll_sum / max(1, scored), int(seen)
 
 
+def held_out_loss(model, examples: list[Example], pad_id: int, device, batch_size: int) -> float:
+    """The mean NLL over the completion tokens of `examples`, in batches, without gradients."""
+    nll_sum, scored = 0.0, 0
+    with measuring(model):
+        for start in range(0, len(examples), batch_size):
+            ids, mask, labels = collate(examples[start:start + batch_size], pad_id, device)
+            logps, _, scored_positions = label_logps(model, ids, mask, labels)
+            nll_sum -= logps.sum().item()
+            scored += int(scored_positions.sum())
+    return nll_sum / max(1, scored)
+
+
+def measure_held_out(training, held_out: list[Example], stage: SftStage, step: int) -> dict[str, float]:
+    """`held_out/loss` after the steps it is due at; nothing otherwise."""
+    if not held_out or not due(step, training.steps, stage.eval_every):
+        return {}
+    return held_out_metrics({"loss": held_out_loss(training.model, held_out, training.tokenizer.pad_token_id,
+                                                   training.accelerator.device, stage.batch_size)})
+
+
 def sft_rows(data: str, rows: list[dict]) -> list[dict]:
     """The rows of input `data`, refused (one line) when they are not SFT data."""
     columns = set(rows[0]) if rows else set()
@@ -87,13 +108,17 @@ def run(stage: SftStage, ctx: StageContext) -> dict[str, StageOutput]:
     source = start_checkpoint(stage, ctx)
     tokenizer = load_tokenizer(source, ctx.model)
     datasets = [sft_rows(data, read_rows(ctx.fetch(data))) for data in stage.datasets()]
-    examples = [encode_row(tokenizer, row, stage.max_seq_len) for rows in datasets for row in rows]
-    sizes, weights = [len(rows) for rows in datasets], stage.weights()
+    encoded = [encode_row(tokenizer, row, stage.max_seq_len) for rows in datasets for row in rows]
+    split = split_held_out([len(rows) for rows in datasets], stage.eval_fraction, stage.seed)
+    examples, held_out = [encoded[i] for i in split.train], [encoded[i] for i in split.held]
     training = start_training(ctx, stage, source, total_steps(stage, len(examples)), tokenizer)
     for step in range(training.start, training.steps):
-        picked = [examples[i] for i in mixed_batch_indices(sizes, weights, stage.batch_size, stage.seed, step)]
+        drawn = mixed_batch_indices(split.sizes, stage.weights(), stage.batch_size, stage.seed, step)
+        picked = [examples[i] for i in drawn]
         loss, tokens = train_step(training.learner, training.shard(picked), tokenizer.pad_token_id,
                                   sum(example.scored_tokens for example in picked), training.learner.shards(picked))
-        training.record(step, tokens, loss=loss)
+        training.record(step, tokens, loss=loss, **measure_held_out(training, held_out, stage, step))
     return training.finish({"final_loss": training.history[-1]["loss"], "examples": len(examples),
-                            "truncated_examples": sum(e.truncated for e in examples)})
+                            "truncated_examples": sum(e.truncated for e in encoded),
+                            **({"held_out_examples": len(held_out),
+                                "final_held_out_loss": training.history[-1]["held_out/loss"]} if held_out else {})})

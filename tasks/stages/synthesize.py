@@ -12,6 +12,7 @@ policy's actions, never on what the env wrote, and on the very ids RL will see.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -159,29 +160,59 @@ def single_turn_rows(env, env_id: str, tasks: list[Task], teacher: Teacher, toke
     return rows, sum(env.is_correct(c, t) for c, t in zip(completions, tasks))
 
 
+def longest_action(rows: list[dict]) -> int:
+    """Tokens of the longest action the rows train (a run of the loss mask: the end token included):
+    the least max_tokens / max_new_tokens a later rl or evaluate stage may give one action, else the
+    actions SFT taught are cut before their end and the env never runs them."""
+    longest = 0
+    for row in rows:
+        run = 0
+        for trained in row["loss_mask"]:
+            run = run + 1 if trained else 0
+            longest = max(longest, run)
+    return longest
+
+
 def teacher_name(teacher: Teacher) -> str:
     return teacher.describe() if isinstance(teacher, EndpointTeacher) else teacher
 
 
 def drawn_tasks(env, stage: SynthesizeStage) -> list[Task]:
-    """The stage's `n` train tasks: the seed's order from task `skip` on."""
-    return env.tasks("train", stage.skip + stage.n, stage.seed)[stage.skip:]
+    """The stage's `n` train tasks: the seed's order from task `skip` on. An env with fewer tasks
+    than that (a dataset's rows) gives some again: each repeat gets its own id (`<id>-r<k>`), as a
+    dataset's ids must be unique."""
+    return unique_ids(env.tasks("train", stage.skip + stage.n, stage.seed)[stage.skip:])
+
+
+def unique_ids(tasks: list[Task]) -> list[Task]:
+    seen: dict[str, int] = {}
+    unique = []
+    for task in tasks:
+        repeat = seen.get(task.id, 0)
+        seen[task.id] = repeat + 1
+        unique.append(replace(task, id=f"{task.id}-r{repeat}") if repeat else task)
+    return unique
 
 
 def run(stage: SynthesizeStage, ctx: StageContext) -> dict[str, StageOutput]:
-    env = stage_env(ctx, stage.env)
-    tasks = drawn_tasks(env, stage)
     base = resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(base, ctx.model)
+    env = stage_env(ctx, stage.env, tokenizer)  # a tool env writes its oracle's calls in the tokenizer's format
+    tasks = drawn_tasks(env, stage)
     progress = Progress(len(tasks), 0, ctx.stage_id, log_every=CHUNK,
                         on_update=ctx.report_progress)  # a step: one teacher episode
+    metrics = {}
     if env.max_turns > 1:
         rows, solved = multi_turn_rows(env, stage.env, tasks, tokenizer, stage.teacher, stage.seed, progress.update)
+        metrics["longest_action_tokens"] = longest_action(rows)
     else:
         rows, solved = single_turn_rows(env, stage.env, tasks, stage.teacher, tokenizer, stage.seed, progress.update)
     out_dir = ctx.workdir / "dataset"
     write_rows(rows, out_dir)
     ctx.log(f"{len(rows)} examples from {len(tasks)} {stage.env} tasks ({teacher_name(stage.teacher)} teacher)")
+    if metrics:
+        ctx.log(f"the longest action is {metrics['longest_action_tokens']} tokens, its end token included: an rl "
+                f"stage's max_tokens or an evaluate stage's max_new_tokens below it cuts the actions SFT learns here")
     contract = ContractParams(kind="sft", context_length=context_length(base))
-    return {"dataset": StageOutput("dataset", out_dir, {"rows": len(rows), "teacher_accuracy": solved / len(tasks)},
-                                   contract)}
+    return {"dataset": StageOutput("dataset", out_dir, {"rows": len(rows), "teacher_accuracy": solved / len(tasks),
+                                                        **metrics}, contract)}

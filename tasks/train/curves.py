@@ -12,8 +12,9 @@ import json
 import math
 from pathlib import Path
 
+# a `held_out/<metric>` (tasks/train/held_out.py) is drawn as series `held_out` beside the training one
 PLOTTED_METRICS = ("reward", "accuracy", "kl", "doom_loop_rate", "clip_fraction", "entropy",
-                   "tokens_per_second", "loss")
+                   "tokens_per_second", "loss", "reward_accuracy")
 COLUMNS = 3
 METRICS_LINK = "\nEvery step's metrics: [metrics.jsonl](metrics.jsonl)\n"
 

@@ -26,6 +26,7 @@ from conftest import POSTTRAIN, ROOT
 from e2e.helpers import by_id, posttrain, summary, tiny_spec, write
 from e2e.prefect_server import (PREFECT, automations, deployment, events, flow_runs, latest_artifact, prefect_server,
                                 rest, stop_when_idle, wait_until)
+from artifacts.store import Store
 from flows.evaluate import DUPLICATE_DELIVERY
 
 EVALUATION = {"on_new_checkpoint": True, "n": 8, "max_new_tokens": 16}
@@ -95,9 +96,13 @@ def eval_results(store: Path, checkpoint: str) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
+def test_serve_evaluates_every_new_checkpoint_once_with_a_local_lm_eval_task(tmp_path):
     store = tmp_path / "store"
-    spec = tiny_spec(f"file://{store}", sft={"max_steps": 10, "checkpoint_every": 4}, evaluation=EVALUATION)
+    # each evaluation also runs a local lm-eval task: its folder, beside the spec, kept in the store by the run
+    shutil.copytree(ROOT / "tests" / "data" / "lm_eval_tasks", tmp_path / "lm_eval_tasks")
+    lm_eval = {"tasks": ["arith_mc"], "include_path": "lm_eval_tasks", "limit": 4, "apply_chat_template": True}
+    spec = tiny_spec(f"file://{store}", sft={"max_steps": 10, "checkpoint_every": 4},
+                     evaluation={**EVALUATION, "lm_eval": lm_eval})
     spec["stages"] = spec["stages"][:2]  # warmup, sft: checkpoints sft.step-4, sft.step-8 and sft
     path = write(tmp_path, spec)
     with prefect_server(tmp_path / "prefect") as server:
@@ -153,11 +158,16 @@ def test_serve_evaluates_every_new_checkpoint_once(tmp_path):
         assert all(r["parameters"]["store"] == f"file://{store}" for r in runs)
         for checkpoint in checkpoints:
             assert len(eval_results(store, checkpoint)) == 1
+            [result] = eval_results(store, checkpoint)
+            label = checkpoint.split("@")[0].removeprefix("tiny/")  # `sft`, `sft.step-4`
+            scores = Store(f"file://{store}").manifest(result)["metrics"][label]
+            assert set(scores) == {"arith", "lm_eval.arith_mc"} and scores["lm_eval.arith_mc"]["n"] == 4
+            assert 0 <= scores["lm_eval.arith_mc"]["acc"] <= 1
         board = latest_artifact(api, "tiny-leaderboard")
         assert board is not None and board["type"] == "table"
         rows = board["data"] if isinstance(board["data"], list) else __import__("json").loads(board["data"])
         assert {row["checkpoint"] for row in rows} == checkpoints
-        assert all("arith accuracy" in row for row in rows)
+        assert all("arith accuracy" in row and "lm_eval.arith_mc acc" in row for row in rows)
 
 
 @pytest.mark.timeout(900)

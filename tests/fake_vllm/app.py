@@ -47,6 +47,11 @@ def make_app(config: FakeVllmConfig):
         body = await json_body(request)
         return await run_in_threadpool(fake.complete, body)
 
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await json_body(request)
+        return await run_in_threadpool(fake.chat, body)
+
     if config.runtime_lora:
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(request: Request):

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fake_vllm.chat import completion_body, message_of, prompt_ids, tool_choice_of, tool_parser
 from fake_vllm.engine import Choice, decode
 from fake_vllm.protocol import (GENERATION_CONFIG_KEYS, VLLM_VERSION, CompletionRequest, VllmError, bad_request,
                                 check_context, sampling_of, unknown_model)
@@ -65,6 +66,7 @@ class FakeVllmConfig:
     version: str = VLLM_VERSION  # the build it acts as
     quantization: str | None = None  # --quantization, or the checkpoint's quantization_config
     dtype: str = "float32"  # --dtype: the served weights' dtype
+    tool_call_parser: str | None = None  # --enable-auto-tool-choice --tool-call-parser NAME (vLLM's name)
 
     def at_least(self, version: tuple[int, ...]) -> bool:
         return version_tuple(self.version) >= version
@@ -112,6 +114,7 @@ class FakeVllm:
         self.config = config
         self.model = load_model(config.folder, ModelConfig(dtype=config.dtype)).eval()
         self.tokenizer = load_tokenizer(config.folder)
+        self.tool_parser = tool_parser(config.tool_call_parser)
         self.server_defaults = {k: v for k, v in config.generation_config.items() if k in GENERATION_CONFIG_KEYS}
         self.registry: dict[str, str] = {}  # adapter name -> path, in load order (the frontend's)
         self.cache: OrderedDict[str, object] = OrderedDict()  # adapter name -> its model (the CPU cache, LRU)
@@ -145,6 +148,34 @@ class FakeVllm:
         self.requests.append({"model": request.model, "sampling": sampling, "prompt_tokens": [len(p) for p in prompts]})
         choices = self.in_flight_decode(model, prompts, sampling, request)
         return self.answer(request, prompts, choices, sampling.n)
+
+    def chat(self, body) -> dict:
+        """A chat completion (chat.py): the messages and tools rendered, decoded as a completion."""
+        if self.dead:
+            raise EngineDead("the engine core died")
+        if not isinstance(body, dict):
+            parse(body)  # raises vLLM's validation error of a body that is no object
+        choice = tool_choice_of(body, self.tool_parser)
+        prompt = prompt_ids(self.tokenizer, body)
+        request = parse(completion_body(body, prompt, self.config.max_model_len))
+        if request.stream:
+            raise VllmError(501, "the fake vLLM server does not stream", "NotImplementedError")
+        sampling = sampling_of(request, self.server_defaults)
+        check_context(len(prompt), sampling.max_tokens, self.config.max_model_len)
+        self.requests.append({"model": request.model, "sampling": sampling, "prompt_tokens": [len(prompt)]})
+        [choices] = self.in_flight_decode(self.model_for(request.model), [prompt], sampling, request)
+        rows = []
+        for index, generated in enumerate(choices):
+            message, finish = message_of(generated.text, generated.finish_reason, self.tool_parser, choice)
+            rows.append({"index": index, "message": message, "logprobs": None, "finish_reason": finish,
+                         "stop_reason": generated.stop_reason,
+                         "token_ids": generated.token_ids if request.return_token_ids else None})
+        completion_tokens = sum(len(c.token_ids) for c in choices)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": request.model, "choices": rows,
+                "prompt_token_ids": prompt if request.return_token_ids else None,
+                "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + completion_tokens,
+                          "completion_tokens": completion_tokens, "prompt_tokens_details": None}}
 
     def in_flight_decode(self, model, prompts, sampling, request) -> list[list[Choice]]:
         with self.state:

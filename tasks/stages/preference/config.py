@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config import PLOT_MODULES, DatasetTrainStage, SpecView
+from tasks.config import PLOT_MODULES, DatasetTrainStage, HeldOutLoss, SpecView
 
 
-class PreferenceStage(DatasetTrainStage):
+class PreferenceStage(DatasetTrainStage, HeldOutLoss):
     """Preference alignment, DPO-family loss. `offline`: on the pairs of its datasets (best vs worst
     completion per prompt of rollouts, or a user's pairs); the input checkpoint `policy` is the
     reference, its log-probs of every pair computed once, before training, and stored with the
@@ -50,6 +50,9 @@ class PreferenceStage(DatasetTrainStage):
                                  "`data` is for mode: offline")
             if self.max_steps is None:
                 raise ValueError("mode: online needs max_steps (it has no dataset to count epochs over)")
+            if self.eval_fraction:
+                raise ValueError("eval_fraction: mode: online samples new pairs every step; a held-out loss is "
+                                 "measured on a dataset's pairs (mode: offline)")
         return self
 
     def datasets(self) -> list[str]:

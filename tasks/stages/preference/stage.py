@@ -13,6 +13,8 @@ checkpoint as `<stage>.pairs`: no reference model stays in memory while training
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from models.loading import load_model, load_tokenizer, set_threads
 from tasks.common import contract_gate
 from tasks.common.context import StageContext, StageOutput
@@ -21,7 +23,8 @@ from tasks.common.errors import NoTrainingData
 from tasks.common.pairs import input_pairs
 from tasks.stages.preference.config import PreferenceStage
 from tasks.stages.preference.online import run_online
-from tasks.stages.preference.step import encode_pairs, pairs_contract, reference_logps, train_step
+from tasks.stages.preference.step import encode_pairs, held_out_pairs, pairs_contract, reference_logps, train_step
+from tasks.train.held_out import due, held_out_metrics, split_held_out
 from tasks.train.loop import mixed_batch_indices, start_training, total_steps
 
 
@@ -59,17 +62,42 @@ def run_offline(stage: PreferenceStage, ctx: StageContext, source: str, tokenize
     pairs_output.contract_summary = contract_gate.check(ctx, pairs_output, stage.contract)  # before any training
 
     ref_chosen, ref_rejected = torch.tensor(ref_chosen), torch.tensor(ref_rejected)
-    training = start_training(ctx, stage, source, total_steps(stage, len(pairs)), tokenizer)
+    split = split_held_out(sizes, stage.eval_fraction, stage.seed)  # indices into every pair
+    held_out = HeldOutPairs([chosen[i] for i in split.held], [rejected[i] for i in split.held],
+                            ref_chosen[split.held], ref_rejected[split.held])
+    training = start_training(ctx, stage, source, total_steps(stage, len(split.train)), tokenizer)
     for step in range(training.start, training.steps):
-        picked = mixed_batch_indices(sizes, stage.weights(), stage.batch_size, stage.seed, step)
+        picked = [split.train[i] for i in mixed_batch_indices(split.sizes, stage.weights(), stage.batch_size,
+                                                               stage.seed, step)]
         batch = training.shard(picked)
         metrics, tokens = train_step(training.learner, [chosen[i] for i in batch], [rejected[i] for i in batch],
                                      ref_chosen[batch], ref_rejected[batch], stage, tokenizer.pad_token_id,
                                      len(picked), training.learner.shards(picked))
-        training.record(step, tokens, **metrics)
+        training.record(step, tokens, **metrics, **held_out.measure(training, stage, step))
 
     last = training.history[-1]
+    measured = {"held_out_pairs": len(split.held), "final_held_out_loss": last["held_out/loss"],
+                "final_held_out_reward_accuracy": last["held_out/reward_accuracy"]} if split.held else {}
     outputs = training.finish({"method": stage.method, "beta": stage.beta, "final_loss": last["loss"],
                                "final_reward_accuracy": last["reward_accuracy"], "pairs": stats.pairs,
-                               "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected))})
+                               "truncated_pairs": sum(c.truncated or r.truncated for c, r in zip(chosen, rejected)),
+                               **measured})
     return {**outputs, "pairs": pairs_output}
+
+
+@dataclass
+class HeldOutPairs:
+    """The pairs held out of training (`eval_fraction`) and their reference log-probs."""
+
+    chosen: list
+    rejected: list
+    ref_chosen: object  # tensor
+    ref_rejected: object
+
+    def measure(self, training, stage: PreferenceStage, step: int) -> dict[str, float]:
+        """`held_out/loss` and `held_out/reward_accuracy` after the steps they are due at; nothing otherwise."""
+        if not self.chosen or not due(step, training.steps, stage.eval_every):
+            return {}
+        return held_out_metrics(held_out_pairs(training.model, self.chosen, self.rejected, self.ref_chosen,
+                                               self.ref_rejected, stage, training.tokenizer.pad_token_id,
+                                               training.accelerator.device, training.sharded))

@@ -12,6 +12,7 @@ from models.token_logps import label_logps, runs_directly, shared_prefix_logps
 from tasks.common.context import StageContext
 from tasks.common.encoding import Example, collate, encode_ids, preference_examples
 from tasks.stages.preference.config import PreferenceStage
+from tasks.train.held_out import measuring
 from tasks.train.learner import PIECE_OVERHEAD_TOKENS, Learner, length_buckets
 
 REFERENCE_BATCH = 64
@@ -161,6 +162,25 @@ def train_step(learner: Learner, chosen: list[Example], rejected: list[Example],
     loss_sum, wins, margin_sum, seen, pairs = learner.step_totals([loss_sum, wins, margin_sum, seen, len(chosen)],
                                                                   shards)
     return {"loss": loss_sum / pairs, "reward_accuracy": wins / pairs, "reward_margin": margin_sum / pairs}, int(seen)
+
+
+def held_out_pairs(model, chosen: list[Example], rejected: list[Example], ref_chosen, ref_rejected,
+                   stage: PreferenceStage, pad_id: int, device, one_call: bool = False) -> dict[str, float]:
+    """The preference loss and reward accuracy over held-out pairs (never trained on), in batches of
+    the stage's size, without gradients; `one_call` as in `pair_logps`."""
+    loss_sum, wins = 0.0, 0.0
+    with measuring(model):
+        for start in range(0, len(chosen), stage.batch_size):
+            piece = list(range(start, min(len(chosen), start + stage.batch_size)))
+            logps, scored, _ = pair_logps(model, [chosen[i] for i in piece], [rejected[i] for i in piece], pad_id,
+                                          device, one_call)
+            n = len(piece)
+            losses, chosen_rewards, rejected_rewards = preference_loss(
+                stage.method, stage.beta, logps[:n], logps[n:], ref_chosen[piece].to(device),
+                ref_rejected[piece].to(device), scored[:n], scored[n:])
+            loss_sum += losses.sum().item()
+            wins += (chosen_rewards > rejected_rewards).float().sum().item()
+    return {"loss": loss_sum / len(chosen), "reward_accuracy": wins / len(chosen)}
 
 
 def pairs_contract(ctx: StageContext) -> ContractParams:
