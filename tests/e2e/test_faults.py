@@ -160,16 +160,19 @@ def test_orchestrator_lost_its_stage_finishes_on_the_worker_and_a_rerun_adopts_i
         wait_until(lambda: checkpointed(store) or first.poll() is not None, 600, "no in-stage checkpoint")
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+        rerun_started = time.time()
         rerun = posttrain("run", spec, "--summary-json", tmp_path / "rerun.json", env={**cluster.env},
                           timeout=900)
     finally:
         worker.stop()
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     sft = by_id(summary(tmp_path / "rerun.json"))["sft"]
-    assert (sft["state"], sft.get("adopted")) == ("cached", True)  # waited for, not run again
-    assert sft["outputs"]["checkpoint"] == uninterrupted
+    assert sft["state"] == "cached" and sft["outputs"]["checkpoint"] == uninterrupted  # not run again
     sft_runs = [run for name, run in stage_runs(cluster, store).items() if re.search(r"-sft(-\d+)?$", name)]
     assert [run["state_type"] for run in sft_runs] == ["COMPLETED"]  # one run of the stage: the killed run's
+    if not sft.get("adopted"):  # the worker finished before the rerun looked (its start-up: 90 s at most here)
+        finished = datetime.fromisoformat(sft_runs[0]["state"]["timestamp"]).timestamp()
+        assert finished < rerun_started + 90, "the rerun saw the stage running but did not adopt it"
 
 
 def test_server_restart_mid_stage_is_ridden_out(tmp_path, cluster, uninterrupted):
