@@ -5,14 +5,12 @@ one before its end, so no call ever ran and sft and rl scored 0% on the held-out
 import json
 from pathlib import Path
 
-import pytest
+import mcp  # noqa: E402,F401  (the dev extra installs the SDK: missing, these fail, never skip)
 
 from envs.loader import make_env
 from flows.spec import load_spec
 from models.loading import load_tokenizer, resolve_base
 from tasks.stages.synthesize import longest_action, multi_turn_rows
-
-pytest.importorskip("mcp")
 
 SPEC = Path(__file__).resolve().parents[1] / "pipelines" / "mcp.yaml"
 

@@ -12,18 +12,17 @@ import sys
 import time
 from pathlib import Path
 
+import mcp  # noqa: E402,F401  (the dev extra installs the SDK: missing, these fail, never skip)
 import pytest
 from test_spec_errors import run_cli, write_spec
 from test_tool_calls import tokenizer_with
 
 from envs.loader import ENV_CONFIG, make_env
-from flows.cli.main import main
 from envs.tools import ToolCall
+from flows.cli.main import main
 from models.sampling import SamplingParams
 from tasks.rollout.env_check import check_env
 from tasks.rollout.episodes import ScriptedPolicy, roll_out
-
-pytest.importorskip("mcp")
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = str(ROOT / "examples" / "mcp_notes_server.py")

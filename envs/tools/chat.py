@@ -14,6 +14,19 @@ SENTINEL = "\x1fposttrain-assistant-turn\x1f"
 Template = Callable[[list[dict], "list[dict] | None", bool], str]  # (messages, tools, add_generation_prompt) -> text
 
 
+def speaks_tools(env) -> bool:
+    """Whether an env writes and reads tool calls in the policy's own format (a kind from a package
+    need not say: it does not)."""
+    return getattr(env, "speaks_tools", False)
+
+
+def use_policy_chat(env, tokenizer) -> None:
+    """Give a tool-speaking env the policy's tokenizer: its oracle writes calls, and its episodes read
+    the model's, in that chat template's format."""
+    if tokenizer is not None and speaks_tools(env):
+        env.use_chat(tokenizer)
+
+
 @dataclass(frozen=True)
 class ToolChat:
     parser: ToolParser

@@ -53,8 +53,6 @@ def check(kind: str, tasks: str | None, spec, generated: int | None = None) -> i
     try:
         env = make_env(kind if spec is not None else config.kind, config)
         tokenizer = load_tokenizer(resolve_base(spec.model.base if spec is not None else "tiny-llama"))
-        if getattr(env, "speaks_tools", False):
-            env.use_chat(tokenizer)  # the oracle's calls in the model's format
         if getattr(env, "reads_data", False) and spec is not None:
             env.use_rows(*source_rows(env, spec))
         rows = check_env(env, tokenizer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from envs.tools.chat import use_policy_chat
 from models.sampling import SamplingParams
 from tasks.rollout.episodes import ScriptedPolicy, roll_out
 
@@ -59,8 +60,7 @@ def _scores(env, tokenizer, tasks, scripts):
 
 def check_env(env, tokenizer, tasks=None) -> list[TaskCheck]:
     """One row per task (every shipped task unless `tasks` is given)."""
-    if getattr(env, "speaks_tools", False):
-        env.use_chat(tokenizer)  # its oracle's calls in the tokenizer's own format
+    use_policy_chat(env, tokenizer)  # its oracle's calls in the tokenizer's own format
     tasks = env.all_tasks() if tasks is None else tasks
     oracle = _scores(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks])
     no_op = _scores(env, tokenizer, tasks, [[""] for _ in tasks])

@@ -5,6 +5,7 @@ layer, which can read the store and load models, supplies it)."""
 from __future__ import annotations
 
 from envs.loader import make_env
+from envs.tools.chat import use_policy_chat
 from tasks.common.context import StageContext
 from tasks.common.datasets import read_rows
 
@@ -14,8 +15,7 @@ def stage_env(ctx: StageContext, env_id: str, tokenizer=None):
     scorers of its learned rewards (inputs of this stage; a reward model's tokenizer checked against
     `tokenizer`, the policy's)."""
     env = make_env(env_id, ctx.envs[env_id])
-    if getattr(env, "speaks_tools", False) and tokenizer is not None:
-        env.use_chat(tokenizer)  # its tool calls in the policy's own format (envs/tools/chat.py)
+    use_policy_chat(env, tokenizer)
     if getattr(env, "reads_data", False):
         rows = [read_rows(ctx.fetch(stage_id)) for stage_id in env.data_stages()]
         env.use_rows(rows[0], rows[1] if len(rows) > 1 else None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from envs.base import Outcome, Task
-from envs.tools.chat import task_tools
+from envs.tools.chat import speaks_tools, task_tools
 from models.sampling import Generation, SamplingParams, chat_prompt, generate_tokens
 
 TURN_SEED_STRIDE = 7919  # turn t of an episode decodes with its seed + t * stride
@@ -214,7 +214,7 @@ def _play(policy, tokenizer, env, episodes, trajectories: list[Trajectory], para
                                  [episode_seeds[i] + turn * TURN_SEED_STRIDE for i in running])
         still_running = []
         for i, gen in zip(running, generations):
-            action = action_text(tokenizer, gen.token_ids, getattr(env, "speaks_tools", False))
+            action = action_text(tokenizer, gen.token_ids, speaks_tools(env))
             truncated = gen.finish_reason == "length"
             answer = episodes[i].step(action) if not truncated else None
             observation = answer.observation if answer is not None and not answer.done else ""
