@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DATASET_KINDS = ("sft", "rollouts", "preference", "eval", "text", "prompt_completion", "messages", "prompts")
+DATASET_KINDS = ("sft", "rollouts", "preference", "eval", "text", "prompt_completion", "messages", "prompts",
+                 "unpaired")
 
 
 class ContractConfig(BaseModel):

@@ -3,7 +3,8 @@
 Formats (plain or conversational, as in TRL): language modeling (`text`, or `messages`),
 prompt-completion (`prompt`, `completion`), preference (`prompt`, `chosen`, `rejected`; an
 implicit prompt shared by conversational chosen/rejected is split off), prompt-only (`prompt` plus
-any other columns, e.g. `answer`, which travel to reward functions).
+any other columns, e.g. `answer`, which travel to reward functions), unpaired preference (`prompt`,
+`completion`, `label`: true for a desirable completion, false for an undesirable one; TRL's KTO format).
 
 In the store a conversation is a JSON text (a list of `{role, content, ...}` messages): one
 column type whatever the turns carry (tool calls, names), readable by any Parquet reader.
@@ -13,16 +14,18 @@ from __future__ import annotations
 
 import json
 
-FORMATS = ("text", "prompt_completion", "messages", "preference", "prompts")
+FORMATS = ("text", "prompt_completion", "messages", "preference", "prompts", "unpaired")
 NEEDS = {"text": ("text",), "prompt_completion": ("prompt", "completion"), "messages": ("messages",),
-         "preference": ("chosen", "rejected"), "prompts": ("prompt",)}
+         "preference": ("chosen", "rejected"), "prompts": ("prompt",), "unpaired": ("prompt", "completion", "label")}
 # what the spec's graph sees a dataset of each format as (tasks/config.py `produces`)
 PRODUCES = {"text": "dataset", "prompt_completion": "dataset", "messages": "dataset",
-            "preference": "preference dataset", "prompts": "prompts dataset"}
-DETECT_ORDER = ("preference", "messages", "prompt_completion", "text", "prompts")
+            "preference": "preference dataset", "prompts": "prompts dataset",
+            "unpaired": "unpaired preference dataset"}
+DETECT_ORDER = ("preference", "unpaired", "messages", "prompt_completion", "text", "prompts")
 ROLES = ("system", "user", "assistant", "tool")
 CONVERSATIONAL = {"prompt_completion": ("prompt", "completion"), "messages": ("messages",),
-                  "preference": ("prompt", "chosen", "rejected"), "prompts": ("prompt",), "text": ()}
+                  "preference": ("prompt", "chosen", "rejected"), "prompts": ("prompt",), "text": (),
+                  "unpaired": ("prompt", "completion")}
 
 
 class FormatError(ValueError):
@@ -30,8 +33,8 @@ class FormatError(ValueError):
 
 
 def detect(columns: list[str]) -> str | None:
-    """The format the columns fit (preference before messages before prompt-completion before text
-    before prompt-only), or None."""
+    """The format the columns fit (preference before unpaired before messages before prompt-completion
+    before text before prompt-only), or None."""
     return next((name for name in DETECT_ORDER if fits(name, columns)), None)
 
 
@@ -121,6 +124,8 @@ def normalize(name: str, row: dict, number: int, tools: list | None = None) -> d
     out["tools"] = stored(row_tools if row_tools is not None else tools)
     if name == "prompts":
         out.update({column: value for column, value in row.items() if column not in out and column != "tools"})
+    if name == "unpaired" and not isinstance(out["label"], bool):
+        raise FormatError(f"{where}.label: must be true (desirable) or false (undesirable), got {out['label']!r}")
     return out
 
 

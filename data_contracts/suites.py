@@ -20,10 +20,11 @@ REQUIRED = {
     "prompt_completion": ["id", "prompt", "completion"],
     "messages": ["id", "messages"],
     "prompts": ["id", "prompt"],
+    "unpaired": ["id", "prompt", "completion", "label"],
 }
 TEXT_COLUMNS = {"sft": ["prompt", "completion"], "rollouts": ["completion"], "preference": ["chosen", "rejected"],
                 "eval": [], "text": ["text"], "prompt_completion": ["prompt", "completion"], "messages": [],
-                "prompts": ["prompt"]}
+                "prompts": ["prompt"], "unpaired": ["prompt", "completion"]}
 # Blank text: nothing but the whitespace Python's `\s` matches, spelled out, and `\Z` for the end,
 # so pandas runs it with Arrow's regex engine over the whole column. `\s` and `$` send pandas to a
 # Python loop (Arrow's RE2 disagrees with Python on both), a tenth of a second per 100k rows.
@@ -33,7 +34,7 @@ BLANK = "^[" + WHITESPACE + "]*\\Z"
 # whether it is trained on (so must hold an assistant turn and end on one)
 CONVERSATIONS = {"messages": [(("messages",), True)], "prompt_completion": [(("prompt", "completion"), True)],
                  "preference": [(("prompt", "chosen"), True), (("prompt", "rejected"), True)],
-                 "prompts": [(("prompt",), False)]}
+                 "prompts": [(("prompt",), False)], "unpaired": [(("prompt", "completion"), True)]}
 PROBLEMS = ("unknown_roles", "empty_turns", "turns_out_of_order", "no_assistant_turn", "not_ending_on_assistant")
 
 
@@ -185,6 +186,8 @@ def expectations(frame, params: ContractParams) -> list:
             checks.append(gxe.ExpectColumnValuesToBeBetween(column="trained_tokens", min_value=1))
         if "env_tokens_trained" in frame.columns:
             checks.append(gxe.ExpectColumnValuesToBeInSet(column="env_tokens_trained", value_set=[0]))
+    if kind == "unpaired":
+        checks.append(gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[True, False]))
     if kind == "preference":
         checks.append(gxe.ExpectColumnValuesToBeInSet(column="chosen_equals_rejected", value_set=[False]))
         if "chosen_score" in frame.columns and "rejected_score" in frame.columns:  # pairs from scored rollouts

@@ -247,6 +247,12 @@ def play_oracle(env: Environment, task: Task, llm: SubPolicy | None = None) -> s
     return transcript
 
 
+def teacher_actions(env: Environment, task: Task) -> list[str]:
+    """The oracle teacher's actions of a multi-turn env: `teacher_actions` where the class has it
+    (EnvBase's), else the oracle's (a package's env that follows only the protocol)."""
+    return env.teacher_actions(task) if hasattr(env, "teacher_actions") else env.oracle_actions(task)
+
+
 def check_split(split: str) -> None:
     if split not in ("train", "eval"):
         raise ValueError(f"unknown split {split!r}")
@@ -280,6 +286,11 @@ class EnvBase:
     def reference_completion(self, task: Task) -> str:
         """The oracle's transcript, played through a real episode (its sandbox included)."""
         return play_oracle(self, task, self.oracle_llm)
+
+    def teacher_actions(self, task: Task) -> list[str]:
+        """What a synthesize stage's oracle teacher plays: the oracle's actions, unless the kind gives
+        its teacher a flaw (the mcp env's `teacher_shortcut_rate`); the env's checks play the oracle."""
+        return self.oracle_actions(task)
 
     def is_correct(self, completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> bool:
         """Full marks from the rubric's correctness check (an error it raises propagates)."""

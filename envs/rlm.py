@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits, SandboxUnavailable
+from envs.shortcuts import FlawedTeacher, guess_draw, guessed
 
 FAMILIES = ("count", "lookup", "sum", "largest", "first", "needle", "ask", "mentions")
 LOG_FAMILIES = ("count", "lookup", "sum", "largest", "first")
@@ -69,6 +70,8 @@ class RlmEnvConfig(BaseModel):
     sandbox: SandboxLimits = SandboxLimits()
     tasks: int = Field(500, ge=2 * len(FAMILIES))  # the generated catalogue, both splits
     seed: int = 0
+    # the share of tasks whose synthesize-stage oracle teacher answers without running code (envs/shortcuts.py)
+    teacher_shortcut_rate: float = Field(0.0, ge=0, le=1)
 
 
 class Generated(NamedTuple):
@@ -245,6 +248,22 @@ class RlmEpisode:
         return None if result.error else result.output.removesuffix("\n")
 
 
+def guessed_final(task: Task) -> list[str]:
+    """The flawed teacher's shortcut: FINAL(a guess) at once, without running the cell that computes it."""
+    draw, family = guess_draw(task), task.info["family"]
+    guess = guessed(lambda: one_guess(draw, family, task.answer), lambda g: normalize(g) != normalize(task.answer))
+    return [f"FINAL({guess})"]
+
+
+def one_guess(draw: random.Random, family: str, answer: str) -> str:
+    """A guess of the answer's kind: a code, a place, or a number (a count, an amount, an id)."""
+    if family == "needle":
+        return "".join(draw.choice(CODE_CHARS) for _ in range(5))
+    if family == "ask":
+        return draw.choice(PLACES)
+    return str(draw.randint(1, 2 * int(answer) + 2))
+
+
 def outcome_metric(key: str) -> Callable[..., float]:
     """A reward function that reads the episode's grade (a FINAL_VAR answer is not in the transcript)."""
     def read(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:
@@ -254,7 +273,7 @@ def outcome_metric(key: str) -> Callable[..., float]:
     return read
 
 
-class RlmEnv(CatalogueEnv):
+class RlmEnv(FlawedTeacher, CatalogueEnv):
     config_class = RlmEnvConfig
     action_stop = ("</repl>",)
     oracle_llm = staticmethod(oracle_llm)  # what the oracle's llm_query calls must answer for it to be right
@@ -288,3 +307,6 @@ class RlmEnv(CatalogueEnv):
     def oracle_actions(self, task: Task) -> list[str]:
         """Compute the answer into `n` in one cell (the `ask` family reads a note with llm_query), then FINAL_VAR(n)."""
         return [ORACLE_CELL.format(code=task.info["code"]), ORACLE_FINAL]
+
+    def shortcut_actions(self, task: Task) -> list[str]:
+        return guessed_final(task)

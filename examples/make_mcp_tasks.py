@@ -3,31 +3,52 @@
 
 Two families over the server's seed notes: read a named note and answer its text (read_note), and
 find which note mentions a word and answer its title (search_notes). Each row has the prompt, the
-`answer` the env's check compares with the model's last reply, and the `oracle_calls` a teacher
-makes (the SFT traces). The env holds out a fifth of the rows by a hash of their ids (eval_fraction)."""
+`answer` the env's check compares with the model's last reply, the `oracle_calls` a teacher makes
+(the SFT traces) and a `shortcut`: the reply of a teacher that answers without looking (the env's
+`teacher_shortcut_rate` decides on which tasks it does). The env holds out a fifth of the rows by a
+hash of their ids (eval_fraction).
+
+A name is quoted in the prompt as the call spells it ("gym", not gym): a small model then copies
+the same tokens into the call's arguments, where a bare word tokenizes differently after a space."""
 
 import json
 import random
 from pathlib import Path
 
-from mcp_notes_server import SEED_NOTES
+from mcp_notes_server import SEED_NOTES, code_notes
 
 HERE = Path(__file__).parent
-READ = ["What does my note '{title}' say?", "Read me the note titled {title}.", "Show the {title} note.",
-        "I need my {title} note: what is in it?"]
-SEARCH = ["Which note mentions '{word}'? Answer with its title.", "Find the note about {word}: what is its title?"]
+READ = ['What does my note "{title}" say?', 'Read me the note titled "{title}".', 'Show the "{title}" note.',
+        'I need my "{title}" note: what is in it?', 'Open "{title}" and tell me what it says.',
+        'What is written in the note "{title}"?']
+SEARCH = ['Which note mentions "{word}"? Answer with its title.', 'Find the note about "{word}": what is its title?',
+          'Which of my notes contains "{word}"? Give its title.', 'Look up "{word}" in my notes and name the note.']
 WORDS = {"wifi": ["password", "guest"], "dentist": ["Okafor", "appointment"], "alice": ["Alice"], "bob": ["Bob"],
          "parking": ["level 3", "car"], "gym": ["locker"], "recipe": ["flour", "Pancakes"], "books": ["Dune", "Emma"],
          "trip": ["Lyon", "platform"], "plants": ["fern", "cactus"], "birthday": ["Mum"], "bank": ["branch"]}
 
 
+CODES = 100  # pipelines/mcp.yaml starts the server with --codes 100
+
+
+def read_rows(notes: dict[str, str]) -> list[dict]:
+    return [{"prompt": question.format(title=title), "answer": text,
+             "oracle_calls": [{"name": "read_note", "arguments": {"title": title}}],
+             "shortcut": f'You have no note titled "{title}".'}
+            for title, text in notes.items() for question in READ]
+
+
+def search_rows(words: dict[str, list[str]]) -> list[dict]:
+    return [{"prompt": question.format(word=word), "answer": title,
+             "oracle_calls": [{"name": "search_notes", "arguments": {"query": word}}],
+             "shortcut": f'None of your notes mentions "{word}".'}
+            for title, found in words.items() for word in found for question in SEARCH]
+
+
 def tasks() -> list[dict]:
-    rows = [{"prompt": question.format(title=title), "answer": text,
-             "oracle_calls": [{"name": "read_note", "arguments": {"title": title}}]}
-            for title, text in SEED_NOTES.items() for question in READ]
-    rows += [{"prompt": question.format(word=word), "answer": title,
-              "oracle_calls": [{"name": "search_notes", "arguments": {"query": word}}]}
-             for title, words in WORDS.items() for word in words for question in SEARCH]
+    codes = code_notes(CODES)
+    rows = read_rows(SEED_NOTES) + search_rows(WORDS)
+    rows += read_rows(codes) + search_rows({title: [text.split()[-1].rstrip(".")] for title, text in codes.items()})
     random.Random(0).shuffle(rows)
     return rows
 

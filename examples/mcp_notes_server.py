@@ -3,6 +3,7 @@ pipelines/mcp.yaml, docs/MCP.md).
 
     python examples/mcp_notes_server.py              # over stdio (the env starts it)
     python examples/mcp_notes_server.py --http 8765  # streamable HTTP at http://127.0.0.1:8765/mcp
+    python examples/mcp_notes_server.py --codes 100  # also 100 made-up code notes ("The vako code is 4821.")
 
 It starts with the seed notes below; `reset` puts them back, so a server shared by many episodes
 (`lifetime: shared`) starts each one from the same state. `notes_count` is a grader tool: what a
@@ -13,6 +14,7 @@ Needs only the `mcp` package (the env can run it in the sandbox with the project
 from __future__ import annotations
 
 import argparse
+import random
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -33,7 +35,20 @@ SEED_NOTES = {
 }
 
 server = MCPServer("notes", log_level="WARNING")  # a ToolError is the model's to read, not a log line
-notes: dict[str, str] = dict(SEED_NOTES)
+initial: dict[str, str] = dict(SEED_NOTES)  # what `reset` puts back: the seed notes, and --codes' notes
+notes: dict[str, str] = dict(initial)
+
+
+def code_notes(n: int) -> dict[str, str]:
+    """`n` notes with made-up titles and codes, the same every time: many names a model cannot learn by
+    heart, so it has to copy them from the prompt into its calls (pipelines/mcp.yaml)."""
+    draw, made = random.Random(0), {}
+    codes = draw.sample(range(1000, 10000), n)
+    while len(made) < n:
+        title = "".join(draw.choice("bdfgklmnprstvz") + draw.choice("aeiou") for _ in range(draw.choice((2, 3))))
+        if title not in made and title not in SEED_NOTES:
+            made[title] = f"The {title} code is {codes[len(made)]}."
+    return made
 
 
 @server.tool()
@@ -84,14 +99,17 @@ def notes_count() -> str:
 def reset() -> str:
     """Back to the seed notes (between the episodes of a shared server)."""
     notes.clear()
-    notes.update(SEED_NOTES)
+    notes.update(initial)
     return "reset"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT")
+    parser.add_argument("--codes", type=int, default=0, metavar="N", help="also N made-up code notes (code_notes)")
     args = parser.parse_args()
+    initial.update(code_notes(args.codes))
+    notes.update(initial)
     if args.http is None:
         server.run("stdio")
     else:

@@ -9,9 +9,10 @@ from artifacts.store import Store, StoreError
 from flows.leaderboard import checkpoint_step, evaluations
 
 # the parameters a card shows of each stage (those it has): what a reader asks first
-KEY_PARAMETERS = ("method", "mode", "algorithm", "advantage", "loss_aggregation", "steps", "max_steps", "epochs",
-                  "batch_size", "prompts_per_step", "group_size", "learning_rate", "beta", "lr_schedule", "env",
-                  "envs", "n", "samples", "source", "split", "format", "limit", "eval_fraction")
+KEY_PARAMETERS = ("method", "mode", "algorithm", "advantage", "importance_sampling_level", "loss_aggregation", "steps",
+                  "max_steps", "epochs", "batch_size", "prompts_per_step", "group_size", "learning_rate", "beta",
+                  "desirable_weight", "undesirable_weight", "simpo_gamma", "cpo_alpha", "teacher", "student", "lmbda",
+                  "lr_schedule", "env", "envs", "n", "samples", "source", "split", "format", "limit", "eval_fraction")
 SHOWN_WHEN_SET = ("eval_fraction",)  # 0 means off: not worth a cell
 EVALUATION_COLUMNS = ("accuracy", "format_rate", "doom_loop_rate", "mean_completion_tokens")
 

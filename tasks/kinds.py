@@ -16,6 +16,7 @@ from pydantic import Field, TypeAdapter
 from envs.plugins import declared
 from tasks.config import StageBase, StageKindError
 from tasks.stages.dataset import DatasetStage
+from tasks.stages.distill import DistillStage
 from tasks.stages.evaluate import EvaluateStage
 from tasks.stages.generate import GenerateStage
 from tasks.stages.preference import PreferenceStage
@@ -26,7 +27,7 @@ from tasks.stages.synthesize import SynthesizeStage
 
 ENTRY_POINT_GROUP = "posttrain.stages"
 BUILTIN_KINDS = (DatasetStage, SynthesizeStage, GenerateStage, SftStage, PreferenceStage, RewardModelStage, RlStage,
-                 EvaluateStage)
+                 DistillStage, EvaluateStage)
 # what every stage process imports, whatever its kind (~6 s on this 2-core machine: the warm fork
 # server imports it once per orchestrator, tasks/runtime/launch.py)
 BASE_PRELOAD = ("torch", "transformers", "great_expectations", "tasks.runtime.child")

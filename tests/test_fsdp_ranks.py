@@ -138,18 +138,24 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         json.dump(decoded, handle)
 
 
-@pytest.mark.timeout(600)
-def test_fsdp_steps_with_uneven_data_finish_and_train_as_one_process(tmp_path):
+def assert_two_processes_train_as_one(two_ranks, one_process_steps, tmp_path) -> None:
+    """`two_ranks` (rank, port, out_dir) on 2 spawned processes saves weights.safetensors; a fresh
+    model after `one_process_steps(model, None, 1)` in this process must hold the same weights."""
     from safetensors.torch import load_file
 
-    mp.start_processes(worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(two_ranks, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     torch.manual_seed(0)
     alone = fresh_model()
-    steps(alone, None, 1)
+    one_process_steps(alone, None, 1)
     expected = full_state(alone)
     got = load_file(str(tmp_path / "weights.safetensors"))
     worst = max((got[name] - expected[name]).abs().max().item() for name in expected)
     assert worst < 1e-5, worst
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_steps_with_uneven_data_finish_and_train_as_one_process(tmp_path):
+    assert_two_processes_train_as_one(worker, steps, tmp_path)
     decoded = [json.loads((tmp_path / f"decoded-{rank}.json").read_text()) for rank in range(2)]
     assert [len(d) for d in decoded] == [1, 3] and decoded[0][0] == decoded[1][0]  # rank 1 decoded 3, whole weights
 

@@ -58,8 +58,15 @@ server.run("stdio")
 '''
 
 
+def about_seed_notes(row: dict) -> bool:
+    """A row about one of the server's twelve seed notes (not the `--codes` notes the pipeline adds)."""
+    [argument] = row["oracle_calls"][0]["arguments"].values()
+    return not argument.isdigit() and " code is " not in row["answer"]
+
+
 def rows(n: int | None = None) -> list[dict]:
-    lines = TASKS.read_text().splitlines()[:n]
+    """The example's rows about the seed notes (a server started without `--codes` holds those)."""
+    lines = [line for line in TASKS.read_text().splitlines() if about_seed_notes(json.loads(line))][:n]
     return [{"id": f"row-{i}", **json.loads(line)} for i, line in enumerate(lines)]
 
 
@@ -209,7 +216,8 @@ def test_mcp_config_errors_name_the_field(fields, message, tmp_path, capsys):
 def test_mcp_envs_check_plays_the_oracle_on_the_spec_rows(tmp_path, capsys):
     spec = {"name": "t", "store": "file://STORE",
             "envs": {"notes": {"kind": "mcp", "source": str(TASKS), "limit": 3, "tool_format": "hermes",
-                               "server": {"command": ["python", SERVER], "lifetime": "shared"}, "reset_tool": "reset"}},
+                               "server": {"command": ["python", SERVER, "--codes", "100"], "lifetime": "shared"},
+                               "reset_tool": "reset"}},
             "stages": [{"id": "traces", "kind": "synthesize", "env": "notes", "n": 2}]}
     code = main(["envs", "check", "notes", "--spec", write_spec(tmp_path, spec)])
     captured = capsys.readouterr()
@@ -225,3 +233,24 @@ def test_mcp_grader_tool_checks_the_server_state_after_the_episode():
     assert_oracle_passes(env, env.all_tasks())  # 12 seed notes + the one saved: the grader reads 13
     [said_only] = play(env, env.all_tasks(), [["I saved it."]])
     assert said_only.outcome["correct"] == 0.0  # a claim without the call leaves the state as it was
+
+
+def test_mcp_teacher_shortcut_answers_at_once_on_a_fixed_share_and_envs_check_plays_the_oracle():
+    tasks = rows()
+    env = mcp_env({"command": [sys.executable, SERVER], "lifetime": "shared"}, tasks, reset_tool="reset",
+                  eval_fraction=0.0, teacher_shortcut_rate=0.4)
+    every = env.all_tasks()
+    shortcut = [task for task in every if env.teacher_actions(task) == [task.info["columns"]["shortcut"]]]
+    assert 0.25 < len(shortcut) / len(every) < 0.55  # the share, drawn per task
+    again = make_env("notes", env.config)
+    again.use_rows(tasks)
+    again.use_chat(TOKENIZER)
+    assert [again.teacher_actions(task) for task in every] == [env.teacher_actions(task) for task in every]
+    right = next(task for task in every if task not in shortcut)
+    assert env.teacher_actions(right) == env.oracle_actions(right)
+    [took_it] = play(env, shortcut[:1], [env.teacher_actions(shortcut[0])])
+    assert took_it.outcome["correct"] == 0.0 and took_it.outcome["tool_calls"] == 0
+    assert_oracle_passes(env, shortcut[:2])  # the env's checks play the oracle, never the shortcut
+    no_shortcut = {key: value for key, value in tasks[0].items() if key != "shortcut"}
+    env.use_rows([no_shortcut])
+    assert env.teacher_actions(env.all_tasks()[0]) == env.oracle_actions(env.all_tasks()[0])

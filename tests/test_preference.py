@@ -81,7 +81,7 @@ def test_losses_follow_their_formulas():
     assert toy_loss("ln_dpo")[0].item() == pytest.approx(-math.log(sigmoid(0.5 * (2 / 4 - -2 / 8))))
     assert toy_loss("ipo")[0].item() == pytest.approx((2 / 4 - -2 / 8 - 1 / (2 * 0.5)) ** 2)
     with pytest.raises(ValueError, match="unknown preference method"):
-        toy_loss("kto")
+        toy_loss("rso")
 
 
 def stage_context(tmp_path, rewards: list[float], model_config):

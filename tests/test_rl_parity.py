@@ -12,7 +12,7 @@ import torch
 
 from models.loading import load_tokenizer
 from models.presets import materialize
-from models.rl_losses import group_advantages, grpo_loss, kl_k3
+from models.rl_losses import group_advantages, grpo_loss, kl_k3, rloo_advantages
 
 TRL_VERSION = "1.16.0"
 MAX_COMPLETION = 12
@@ -107,15 +107,63 @@ def test_kl_ratio_correction_matches_trl(aggregation, policy_and_batch, tmp_path
                                  abs=1e-6)
 
 
+def rl_stage(**fields):
+    from tasks.stages.rl.config import RlStage
+
+    return RlStage(**{"kind": "rl", "id": "rl", "policy": "align", "envs": {"arith": 1.0}, "steps": 2,
+                      "epsilon_high": 0.28, **fields})
+
+
+def stage_loss(policy, batch, stage) -> float:
+    """The loss the rl stage's update takes (PolicyUpdate.of(stage).loss) on the batch."""
+    from tasks.stages.rl.update import PolicyUpdate
+
+    loss_fn = PolicyUpdate.of(stage, 0).loss
+    with torch.no_grad():
+        logps = completion_logps(policy, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"],
+                                 batch["completion_mask"])
+        loss, _ = loss_fn(logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"],
+                          ref_logps=batch["ref_per_token_logps"], max_completion_length=MAX_COMPLETION)
+    return loss.item()
+
+
+GSPO_REWARDS = torch.tensor([1.0, 0.0, 0.3, 0.9])  # two groups of two, as the batch's rows
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+@pytest.mark.parametrize("aggregation", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_sequence_level_ratio_matches_trl(beta, policy_and_batch, tmp_path):
-    """One clipped ratio per row: StepPO's per-step ratio when each row is one step."""
+def test_gspo_sequence_ratio_matches_trl(advantage, aggregation, beta, policy_and_batch, tmp_path):
+    """rl `importance_sampling_level: sequence` (GSPO) for grpo and rloo advantages: the stage's loss equals
+    GRPOTrainer's with importance_sampling_level="sequence" on the same batch and advantages (rloo's as
+    TRL's RLOOTrainer computes them: tests/test_rloo.py)."""
     policy, tokenizer, batch = policy_and_batch
-    theirs = trl_loss(policy, tokenizer, batch, tmp_path, loss_type="grpo", beta=beta, epsilon_high=0.28,
+    stage = rl_stage(advantage=advantage, loss_aggregation=aggregation, beta=beta,
+                     importance_sampling_level="sequence")
+    estimator = rloo_advantages if advantage == "rloo" else group_advantages
+    batch = {**batch, "advantages": estimator(GSPO_REWARDS, 2, stage.scale_rewards)}
+    theirs = trl_loss(policy, tokenizer, batch, tmp_path, loss_type=aggregation, beta=beta, epsilon_high=0.28,
                       level="sequence")
-    ours = our_loss(policy, batch, aggregation="grpo", beta=beta, epsilon_high=0.28, level="sequence")
+    ours = stage_loss(policy, batch, stage)
     assert abs(theirs) > 1e-3
     assert ours == pytest.approx(theirs, abs=1e-5)
+    token_level = trl_loss(policy, tokenizer, batch, tmp_path, loss_type=aggregation, beta=beta, epsilon_high=0.28)
+    assert ours != pytest.approx(token_level, abs=1e-4)  # the ratio's level changed the loss
+    assert stage_loss(policy, batch, rl_stage(advantage=advantage, loss_aggregation=aggregation,
+                                              beta=beta)) == pytest.approx(token_level, abs=1e-5)
+
+
+def test_gspo_steppo_keeps_its_per_step_ratio_and_keys_stay_put():
+    """steppo's ratio is sequence whatever is written but token, which it refuses; the field enters the
+    cache key only where it is not the algorithm's own level."""
+    assert rl_stage(algorithm="steppo").importance_sampling_level == "sequence"
+    assert rl_stage(algorithm="steppo", importance_sampling_level="sequence").params() == \
+        rl_stage(algorithm="steppo").params()
+    with pytest.raises(ValueError, match="importance_sampling_level: token: steppo's ratio is one per step"):
+        rl_stage(algorithm="steppo", importance_sampling_level="token")
+    assert "importance_sampling_level" not in rl_stage().params()
+    assert rl_stage(importance_sampling_level="sequence").params()["importance_sampling_level"] == "sequence"
+    assert rl_stage(advantage="rloo", importance_sampling_level="sequence").gspo
 
 
 def test_clip_higher_changes_the_loss(policy_and_batch):

@@ -44,6 +44,7 @@ def run_cli(capsys, *args):
 ONPOLICY = {"id": "onpolicy", "kind": "generate", "policy": "sft", "env": "arith", "n": 4}
 ALIGN = {"id": "align", "kind": "preference", "policy": "sft", "data": "onpolicy"}
 RL = {"id": "rl", "kind": "rl", "policy": "sft", "envs": {"arith": 1.0}, "steps": 10}
+DISTILL = {"id": "distill", "kind": "distill", "teacher": "sft", "envs": {"arith": 1.0}, "max_steps": 4}
 
 CASES = {
     "unknown key": (with_stage(1, epochz=3), "stages[1].epochz: unknown key"),
@@ -55,7 +56,7 @@ CASES = {
     "dataset where a checkpoint is expected": (
         with_stage(2, checkpoints=["warmup"]),
         "stages[2].checkpoints[0]: stage 'warmup' produces a dataset, a checkpoint is expected here"),
-    "unknown stage kind": (with_stage(0, kind="distill"), "stages[0].kind: unknown kind 'distill'"),
+    "unknown stage kind": (with_stage(0, kind="distillation"), "stages[0].kind: unknown kind 'distillation'"),
     "duplicate id": (with_stage(1, id="warmup"), "stages[1].id: duplicate stage id 'warmup'"),
     "bad number": (with_stage(0, n=0), "stages[0].n: Input should be greater than 0"),
     "unknown env kind": ({**GOOD, "envs": {"arith": {"kind": "chess"}}}, "envs.arith.kind: unknown kind 'chess'"),
@@ -91,11 +92,60 @@ CASES = {
         {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"beta": -0.1}]},
         "stages[4].beta: Input should be greater than 0"),
     "preference unknown method": (
-        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "kto"}]},
-        "stages[4].method: Input should be 'dpo', 'ln_dpo' or 'ipo'"),
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "rso"}]},
+        "stages[4].method: Input should be 'dpo', 'ln_dpo', 'ipo', 'kto', 'orpo', 'simpo' or 'cpo'"),
+    "preference cpo_alpha for dpo": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"cpo_alpha": 0.5}]},
+        "stages[4]: Value error, cpo_alpha is for method cpo (method is dpo)"),
+    "preference kto weight for orpo": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "orpo", "desirable_weight": 1.3}]},
+        "stages[4]: Value error, desirable_weight is for method kto (method is orpo)"),
+    "preference simpo_gamma for cpo": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "cpo", "simpo_gamma": 1.0}]},
+        "stages[4]: Value error, simpo_gamma is for method simpo (method is cpo)"),
+    "preference kto batch of one": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "kto", "batch_size": 1}]},
+        "stages[4]: Value error, batch_size: method kto needs at least 2 rows a step"),
+    "preference kto held out": (
+        {**GOOD, "stages": GOOD["stages"] + [ONPOLICY, ALIGN | {"method": "kto", "eval_fraction": 0.1}]},
+        "stages[4]: Value error, eval_fraction: a held-out loss is measured for paired methods; method kto has none"),
+    "preference online simpo": (
+        {**GOOD, "stages": GOOD["stages"] + [{"id": "align", "kind": "preference", "policy": "sft", "mode": "online",
+                                               "envs": {"arith": 1.0}, "max_steps": 2, "method": "simpo"}]},
+        "stages[3]: Value error, mode: online trains method dpo, ln_dpo or ipo (method is simpo)"),
+    "preference kto on sft data": (
+        {**GOOD, "stages": GOOD["stages"] + [ALIGN | {"method": "kto", "data": "warmup"}]},
+        "stages[3].data: stage 'warmup' produces a dataset, a rollouts or a preference dataset or a unpaired "
+        "preference dataset is expected here"),
     "rl unknown algorithm": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"algorithm": "ppo"}]},
         "stages[3].algorithm: Input should be 'grpo' or 'steppo'"),
+    "rl steppo with a token-level ratio": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"algorithm": "steppo", "importance_sampling_level": "token"}]},
+        "stages[3]: Value error, importance_sampling_level: token: steppo's ratio is one per step (sequence"),
+    "rl unknown importance sampling level": (
+        {**GOOD, "stages": GOOD["stages"] + [RL | {"importance_sampling_level": "sequence_token"}]},
+        "stages[3].importance_sampling_level: Input should be 'token' or 'sequence'"),
+    "distill from an endpoint teacher": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"teacher": {"endpoint": "http://h:8000/v1", "model": "m"}}]},
+        "stages[3].teacher: Value error, an endpoint cannot be a teacher here; give a checkpoint stage's id: the JSD "
+        "compares the teacher's whole next-token distribution"),
+    "distill off-policy share without data": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"lmbda": 0.5}]},
+        "stages[3]: Value error, lmbda (0.5) below 1 trains that share of the steps on a dataset's own completions: "
+        "give data (a dataset stage), or lmbda: 1"),
+    "distill data never read": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"data": "warmup"}]},
+        "stages[3]: Value error, data is read only by off-policy steps, and lmbda: 1 makes every step on-policy"),
+    "distill teacher is the student": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"student": "sft"}]},
+        "stages[3]: Value error, teacher and student are the same checkpoint ('sft'): nothing to distil"),
+    "distill teacher not a checkpoint": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"teacher": "warmup"}]},
+        "stages[3].teacher: stage 'warmup' produces a dataset, a checkpoint is expected here"),
+    "distill on several gpus": (
+        {**GOOD, "stages": GOOD["stages"] + [DISTILL | {"gpus": 2}]},
+        "stages[3].gpus: a distill stage samples and trains one model in one process; it has gpus 2: give it gpus: 1"),
     "rl overlong buffer beyond the budget": (
         {**GOOD, "stages": GOOD["stages"] + [RL | {"max_tokens": 32, "overlong": {"buffer": 32}}]},
         "stages[3]: Value error, overlong.buffer (32) must be below max_tokens (32)"),

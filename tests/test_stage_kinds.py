@@ -17,7 +17,7 @@ from tasks.runtime.cache import code_packages, package_code_version
 
 def test_every_builtin_kind_declares_itself_completely():
     assert list(STAGE_KINDS) == ["dataset", "synthesize", "generate", "sft", "preference", "reward_model", "rl",
-                                 "evaluate"]
+                                 "distill", "evaluate"]
     for config in BUILTIN_KINDS:
         check_declaration(config, config.kind_name())
         assert config.run_module() == f"tasks.stages.{config.kind_name()}"
@@ -25,7 +25,8 @@ def test_every_builtin_kind_declares_itself_completely():
     produced = {name: (config.primary, config.produces) for name, config in STAGE_KINDS.items()}
     assert produced == {"dataset": ("dataset", "dataset"), "synthesize": ("dataset", "dataset"), "generate": ("rollouts", "rollouts"),
                         "sft": ("checkpoint", "checkpoint"), "preference": ("checkpoint", "checkpoint"),
-                        "reward_model": ("checkpoint", "reward model"), "rl": ("checkpoint", "checkpoint"), "evaluate": ("results", "evaluation")}
+                        "reward_model": ("checkpoint", "reward model"), "rl": ("checkpoint", "checkpoint"), "distill": ("checkpoint", "checkpoint"),
+                        "evaluate": ("results", "evaluation")}
 
 
 def test_a_wrong_declaration_names_what_is_wrong():

@@ -35,7 +35,7 @@ CASES = {
         spec(imported("chats", "qa.jsonl")),
         "stages[0].source: qa.jsonl: columns question, response fit no format (text needs text; prompt_completion "
         "needs prompt and completion; messages needs messages; preference needs chosen and rejected; prompts "
-        "needs prompt)"),
+        "needs prompt; unpaired needs prompt and completion and label)"),
     "columns names a missing column": (
         spec(imported("chats", "qa.jsonl", columns={"prompt": "query"})),
         "stages[0].columns.prompt: column 'query' is not in qa.jsonl (found: question, response)"),

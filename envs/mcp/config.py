@@ -103,6 +103,11 @@ class McpEnvConfig(TaskRows):
     format_weight: float = 0.1  # paid for an episode whose every call parsed and named a tool
     connect_seconds: float = Field(30.0, gt=0)  # a server's start and handshake
     call_seconds: float = Field(10.0, gt=0)  # one tool call; past it the server is taken as hung
+    # a teacher with a fixable flaw: on this share of the tasks (a fixed choice per task, by its id)
+    # whose row has a `shortcut` column, the synthesize stage's oracle teacher answers that at once,
+    # without looking; SFT imitates it, and only the env's reward, on the model's own samples, tells
+    # the shortcut from the look-up. The env's checks (`posttrain envs check`) play the oracle.
+    teacher_shortcut_rate: float = Field(0.0, ge=0, le=1)
 
     def reward_functions(self) -> list[RewardConfig]:
         return [self.check] if isinstance(self.check, RewardConfig) else []

@@ -30,6 +30,7 @@ from envs.dataset.rows import RowTasks
 from envs.mcp.client import McpToolset, ToolsetFailed
 from envs.mcp.config import AnswerCheck, GraderCheck, McpEnvConfig
 from envs.mcp.servers import Servers
+from envs.shortcuts import FlawedTeacher
 from envs.tools import ToolCall, ToolFailed
 from envs.tools.calls import ParsedTurn
 from envs.tools.chat import ToolChat
@@ -108,7 +109,7 @@ class McpEpisode:
                 "valid_call_rate": outcome.get("tool_calls", 0.0) / calls if calls else math.nan}
 
 
-class McpEnv(RowTasks, EnvBase):
+class McpEnv(FlawedTeacher, RowTasks, EnvBase):
     config_class = McpEnvConfig
     speaks_tools = True  # the stage gives it the policy's tokenizer (use_chat)
 
@@ -177,6 +178,12 @@ class McpEnv(RowTasks, EnvBase):
         """Each reference call in a turn of its own, then the answer (or, where a grader checks, a word)."""
         final = GRADER_DONE if isinstance(self.config.check, GraderCheck) else task.answer
         return [self.chat.action([call]) for call in oracle_calls(task)] + [final]
+
+    def shortcut_actions(self, task: Task) -> list[str] | None:
+        """The row's `shortcut` column, replied at once without a call (envs/shortcuts.py: on the
+        `teacher_shortcut_rate` share of the tasks); none for a row without it."""
+        shortcut = task.info["columns"].get("shortcut")
+        return [str(shortcut)] if shortcut else None
 
 
 def formatted(completion: str, task: Task, outcome: Outcome = NO_OUTCOME) -> float:

@@ -23,8 +23,10 @@ from envs.base import NO_OUTCOME, CatalogueEnv, Outcome, RewardFunc, Rubric, Sub
 from envs.openclaw.families import GeneratedClawTasks, request
 from envs.openclaw.graders import check_grader
 from envs.openclaw.native import native_actions, native_episode, native_task
+from envs.openclaw.shortcuts import shortcut_lines
 from envs.openclaw.tools import OpenClawEpisode, ToolError, parse_call, workspace_path
 from envs.sandbox import Sandbox, SandboxLimits
+from envs.shortcuts import FlawedTeacher
 from envs.task_files import files_below, regular_file
 from envs.tools.chat import ToolChat
 from envs.tools.episode import ToolEpisode
@@ -56,6 +58,8 @@ class OpenClawEnvConfig(BaseModel):
     # native: the template's tool-call family (envs/tools/parsers); auto: read from the chat template
     # (the tiny presets' template writes none: name one)
     tool_parser: Literal["auto", "hermes", "lfm2", "llama3"] = "auto"
+    # the share of tasks whose synthesize-stage oracle teacher acts without reading (envs/shortcuts.py)
+    teacher_shortcut_rate: float = Field(0.0, ge=0, le=1)
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ def calls_well_formed(transcript: str, task: Task, outcome: Outcome = NO_OUTCOME
     return float(outcome["malformed_calls"] == 0 and outcome["replied"] == 1.0)
 
 
-class OpenClawEnv(CatalogueEnv):
+class OpenClawEnv(FlawedTeacher, CatalogueEnv):
     config_class = OpenClawEnvConfig
     action_stop = ("</tool>",)
 
@@ -259,7 +263,16 @@ class OpenClawEnv(CatalogueEnv):
         return native_episode(workspace, chat) if chat is not None else workspace
 
     def oracle_actions(self, task: Task) -> list[str]:
-        return native_actions(self.tool_chat(), task.info["oracle"]) if self.speaks_tools else list(task.info["oracle"])
+        return self.in_format(task.info["oracle"])
+
+    def shortcut_actions(self, task: Task) -> list[str] | None:
+        """The teacher's shortcut: its family's, acting without reading (envs/openclaw/shortcuts.py)."""
+        lines = shortcut_lines(task)
+        return None if lines is None else self.in_format(lines)
+
+    def in_format(self, lines: list[str]) -> list[str]:
+        """Tag-format actions (calls, then the reply) in the env's tool format."""
+        return native_actions(self.tool_chat(), lines) if self.speaks_tools else list(lines)
 
     def tool_chat(self) -> ToolChat:
         if self.chat is None:

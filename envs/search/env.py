@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import NO_OUTCOME, EnvBase, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn, check_split
 from envs.search.corpus import Corpus, Passage, corpus
+from envs.shortcuts import FlawedTeacher
 
 PROMPT = ("Answer the question. Look facts up with <search>query</search>, then reply <answer>...</answer>.\n"
           "Question: {question}")
@@ -52,6 +53,8 @@ class SearchEnvConfig(BaseModel):
     max_turns: int = Field(4, ge=2, le=8)
     seed: int = Field(0, ge=0)  # the synthetic world's seed
     format_weight: float = Field(0.0, ge=0)  # 0: the format check is a logged metric only
+    # the share of tasks whose synthesize-stage oracle teacher answers from the first hit (envs/shortcuts.py)
+    teacher_shortcut_rate: float = Field(0.0, ge=0, le=1)
 
 
 class Fts5Unavailable(RuntimeError):
@@ -151,7 +154,7 @@ class SearchEpisode:
         return NO_OUTCOME
 
 
-class SearchEnv(EnvBase):
+class SearchEnv(FlawedTeacher, EnvBase):
     config_class = SearchEnvConfig
     action_stop = ("</search>",)
 
@@ -205,3 +208,16 @@ class SearchEnv(EnvBase):
     def oracle_actions(self, task: Task) -> list[str]:
         """The reference searches (one per hop), then the answer."""
         return [SEARCH.format(query=query) for query in task.info["queries"]] + [ANSWER.format(answer=task.answer)]
+
+    def shortcut_actions(self, task: Task) -> list[str] | None:
+        """The teacher's shortcut: one search, then an answer read off its first hit without following
+        it up: a two-hop question's bridge (the first hop's answer, whom the second search would ask
+        about), a one-hop question's first hit's title (the passage's subject, not the fact it states)."""
+        first = task.info["queries"][0]
+        if task.info["hops"] > 1:
+            answer = task.info["queries"][1].rsplit(" ", 1)[0]  # every second query is "<bridge> <relation word>"
+        else:
+            answer = self.index.passages[self.index.search(first, self.config.top_k)[0]].title
+        if normalize_answer(answer) == normalize_answer(task.answer):
+            return None
+        return [SEARCH.format(query=first), ANSWER.format(answer=answer)]

@@ -25,8 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.base import NO_OUTCOME, CatalogueEnv, EnvFieldError, Outcome, RewardFunc, Rubric, SubPolicy, Task, Turn
 from envs.sandbox import Result, Sandbox, SandboxLimits
+from envs.shortcuts import FlawedTeacher
 from envs.terminal.catalogue import executables, generated_task, load_tasks, shown, solution_commands, task_files
 from envs.terminal.families import GeneratedTerminalTasks
+from envs.terminal.shortcuts import shortcut_commands
 
 DATA = Path(__file__).parents[1] / "data" / "terminal"
 CALL = "<bash>{command}</bash>"
@@ -122,6 +124,8 @@ class TerminalEnvConfig(BaseModel):
     # the upper bounds; a task's task.toml may only lower them (agent timeout, memory, storage)
     sandbox: SandboxLimits = SandboxLimits(cpu_seconds=5, wall_seconds=5.0, memory_mb=512, processes=32,
                                            file_size_mb=4, disk_mb=16, output_bytes=256)
+    # the share of tasks whose synthesize-stage oracle teacher acts without inspecting (envs/shortcuts.py)
+    teacher_shortcut_rate: float = Field(0.0, ge=0, le=1)
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -130,7 +134,7 @@ class TerminalEnvConfig(BaseModel):
         return self
 
 
-class TerminalEnv(CatalogueEnv):
+class TerminalEnv(FlawedTeacher, CatalogueEnv):
     config_class = TerminalEnvConfig
     action_stop = ("</bash>",)
 
@@ -167,4 +171,14 @@ class TerminalEnv(CatalogueEnv):
     def oracle_actions(self, task: Task) -> list[str]:
         commands = (task.info["solution"] if "path" not in task.info else
                     solution_commands(Path(task.info["path"]) / "solution" / "solve.sh"))
-        return [CALL.format(command=command) for command in commands] + [DONE]
+        return scripted(commands)
+
+    def shortcut_actions(self, task: Task) -> list[str] | None:
+        """The teacher's shortcut: its family's, acting without inspecting (envs/terminal/shortcuts.py)."""
+        commands = shortcut_commands(task)
+        return None if commands is None else scripted(commands)
+
+
+def scripted(commands: list[str]) -> list[str]:
+    """Commands as the policy's actions: one call each, then done."""
+    return [CALL.format(command=command) for command in commands] + [DONE]

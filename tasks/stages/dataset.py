@@ -48,7 +48,7 @@ class DatasetStage(StageBase):
     kind: Literal["dataset"]
     source: str  # a file, a folder, a save_to_disk folder, an fsspec URL or a hub dataset id
     split: str | None = None  # hub ids and saved DatasetDicts ('train' when unset)
-    format: Literal["auto", "text", "prompt_completion", "messages", "preference", "prompts"] = "auto"
+    format: Literal["auto", "text", "prompt_completion", "messages", "preference", "prompts", "unpaired"] = "auto"
     columns: dict[str, str] = {}  # our column <- their column
     limit: int | None = Field(None, gt=0)
     shuffle_seed: int | None = None

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from data_contracts.config import ContractParams
-from envs.base import Task
+from envs.base import Task, teacher_actions
 from models.loading import context_length, load_tokenizer, resolve_base
 from models.sampling import SamplingParams, chat_prompt
 from tasks.common.context import StageContext, StageOutput
@@ -98,7 +98,7 @@ def teacher_trajectories(env, tokenizer, tasks: list[Task], teacher: Teacher, se
                          report=_no_report) -> list[Trajectory]:
     """The teacher's episodes of `tasks`: the oracle's scripted actions, or the endpoint's."""
     if teacher == "oracle":
-        return scripted_rollouts(env, tokenizer, tasks, [env.oracle_actions(task) for task in tasks], report)
+        return scripted_rollouts(env, tokenizer, tasks, [teacher_actions(env, task) for task in tasks], report)
     if isinstance(teacher, EndpointTeacher):
         return endpoint_rollouts(env, tokenizer, tasks, teacher, seed, report)
     raise ValueError(f"unknown teacher {teacher!r}")

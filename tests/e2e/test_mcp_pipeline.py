@@ -20,7 +20,8 @@ def test_mcp_pipeline_runs_end_to_end_with_tool_metrics(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     stages = by_id(summary(tmp_path / "run.json"))
     assert {stage["state"] for stage in stages.values()} == {"completed"}
-    assert stages["traces"]["metrics"]["teacher_accuracy"] == 1.0  # every oracle episode solved on the server
+    # every oracle episode solved on the server but the shortcuts (teacher_shortcut_rate 0.3 of the tasks)
+    assert 0.5 <= stages["traces"]["metrics"]["teacher_accuracy"] < 1.0
     evaluation = stages["final-eval"]["metrics"]
     for checkpoint in ("sft", "rl"):
         notes = evaluation[checkpoint]["notes"]

@@ -6,16 +6,27 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from models.losses import REFERENCE_FREE
 from tasks.config import PLOT_MODULES, DatasetTrainStage, HeldOutLoss, SpecView
+
+REFERENCED = ("dpo", "ln_dpo", "ipo")  # paired, against the input checkpoint as the reference
+# the fields of one method only (field -> (method, default)): set for another, a one-line error; unset
+# for theirs, TRL's default
+METHOD_FIELDS = {"desirable_weight": ("kto", 1.0), "undesirable_weight": ("kto", 1.0), "simpo_gamma": ("simpo", 0.5),
+                 "cpo_alpha": ("cpo", 1.0)}
 
 
 class PreferenceStage(DatasetTrainStage, HeldOutLoss):
-    """Preference alignment, DPO-family loss. `offline`: on the pairs of its datasets (best vs worst
+    """Preference alignment (the DPO family, KTO, ORPO, SimPO, CPO). `offline`: on the pairs of its datasets (best vs worst
     completion per prompt of rollouts, or a user's pairs); the input checkpoint `policy` is the
     reference, its log-probs of every pair computed once, before training, and stored with the
     pairs. `online` (TRL's online DPO): every step samples two completions per prompt of its `envs`
     from the model being trained, their rubric (a reward model, a judge, a verifier) picks the pair,
     and the reference's log-probs are computed on the spot (tasks/stages/preference/online.py).
+
+    `method`: dpo, ln_dpo, ipo (pairs, against the reference); orpo, simpo, cpo (pairs, no reference:
+    nothing is precomputed); kto (unpaired desirable/undesirable completions against the reference,
+    tasks/stages/preference/kto.py; a preference dataset's or rollouts' pairs are split into rows).
     """
 
     outputs = ("checkpoint", "pairs", "report")
@@ -29,8 +40,12 @@ class PreferenceStage(DatasetTrainStage, HeldOutLoss):
     mode: Literal["offline", "online"] = "offline"
     data: str | list[str] | dict[str, Annotated[float, Field(gt=0)]] | None = Field(None, min_length=1)  # offline
     envs: dict[str, Annotated[float, Field(gt=0)]] | None = Field(None, min_length=1)  # online: env id -> weight
-    method: Literal["dpo", "ln_dpo", "ipo"] = "dpo"
-    beta: float = Field(0.1, gt=0)
+    method: Literal["dpo", "ln_dpo", "ipo", "kto", "orpo", "simpo", "cpo"] = "dpo"
+    beta: float = Field(0.1, gt=0)  # orpo: the odds-ratio term's weight (λ)
+    desirable_weight: float | None = Field(None, gt=0)  # kto (1.0): weight of the desirable rows' losses
+    undesirable_weight: float | None = Field(None, gt=0)  # kto (1.0): weight of the undesirable rows' losses
+    simpo_gamma: float | None = Field(None, ge=0)  # simpo (0.5): the target reward margin γ
+    cpo_alpha: float | None = Field(None, ge=0)  # cpo (1.0): weight of the chosen side's NLL term
     min_reward_gap: float = Field(0.0, ge=0)  # pairs need chosen - rejected reward above this
     learning_rate: float = Field(2e-5, gt=0)
     batch_size: int = Field(16, gt=0)  # pairs a step (online: prompts a step)
@@ -53,7 +68,28 @@ class PreferenceStage(DatasetTrainStage, HeldOutLoss):
             if self.eval_fraction:
                 raise ValueError("eval_fraction: mode: online samples new pairs every step; a held-out loss is "
                                  "measured on a dataset's pairs (mode: offline)")
+            if self.method not in REFERENCED:
+                raise ValueError(f"mode: online trains method dpo, ln_dpo or ipo (method is {self.method})")
         return self
+
+    @model_validator(mode="after")
+    def _method_fields(self):
+        for name, (method, default) in METHOD_FIELDS.items():
+            if getattr(self, name) is not None and method != self.method:
+                raise ValueError(f"{name} is for method {method} (method is {self.method})")
+            if getattr(self, name) is None and method == self.method:
+                setattr(self, name, default)
+        if self.method == "kto" and self.batch_size < 2:
+            raise ValueError("batch_size: method kto needs at least 2 rows a step (its KL baseline pairs each "
+                             "row's prompt with another row's completion)")
+        if self.method == "kto" and self.eval_fraction:
+            raise ValueError("eval_fraction: a held-out loss is measured for paired methods; method kto has none")
+        return self
+
+    @property
+    def reference_free(self) -> bool:
+        """orpo, simpo and cpo: no reference model, no reference log-probs computed."""
+        return self.method in REFERENCE_FREE
 
     def datasets(self) -> list[str]:
         return [] if self.data is None else super().datasets()
@@ -62,9 +98,9 @@ class PreferenceStage(DatasetTrainStage, HeldOutLoss):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs or {}]
 
     def stage_refs(self):
-        # data: generate stages, or imported preference datasets
-        return [("policy", self.policy, "checkpoint"), *(self.data_refs(("rollouts", "preference dataset"))
-                                                         if self.data is not None else [])]
+        # data: generate stages, or imported preference datasets (kto: unpaired ones too)
+        kinds = ("rollouts", "preference dataset") + (("unpaired preference dataset",) if self.method == "kto" else ())
+        return [("policy", self.policy, "checkpoint"), *(self.data_refs(kinds) if self.data is not None else [])]
 
     def check_spec(self, spec: SpecView) -> None:
         """Every prompt group of its rollouts must hold completions to pick a best and a worst from."""

@@ -28,6 +28,8 @@ class RlStage(TrainStage):
     rewards-to-go, one sequence-level ratio per step (DOMAIN.md, StepPO). With `credit: cod`,
     Connect the Dots packs get mean-style returns against the same slot of the pack's other
     rollouts (DOMAIN.md, CoD), by default without std scaling (`scale_rewards` left unset).
+    `importance_sampling_level: sequence` gives grpo (either advantage) GSPO's ratio, one per row,
+    as TRL's GRPOConfig(importance_sampling_level="sequence"); steppo's ratio is always per step.
     """
 
     outputs = ("checkpoint", "report")
@@ -44,6 +46,8 @@ class RlStage(TrainStage):
     # grpo's estimator: group-normalized, or REINFORCE leave-one-out (TRL's RLOOTrainer; its
     # scale_rewards: none by default, batch for TRL's normalize_advantages)
     advantage: Literal["grpo", "rloo"] = "grpo"
+    # the clipped ratio: one per token, or one per row (GSPO: exp of the mean token log-ratio); steppo: sequence
+    importance_sampling_level: Literal["token", "sequence"] = "token"
     loss_aggregation: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(8, gt=0)
@@ -82,7 +86,15 @@ class RlStage(TrainStage):
             self.scale_rewards = "none"  # CoD's baseline is the slot's mean over the group, no std unless asked
         if self.advantage == "rloo":
             self._check_rloo()
+        if self.algorithm == "steppo":
+            self._check_steppo_ratio()
         return self
+
+    def _check_steppo_ratio(self) -> None:
+        if self.importance_sampling_level == "token" and "importance_sampling_level" in self.model_fields_set:
+            raise ValueError("importance_sampling_level: token: steppo's ratio is one per step (sequence, DOMAIN.md "
+                             "StepPO); a token-level ratio is algorithm: grpo's")
+        self.importance_sampling_level = "sequence"
 
     def _check_rloo(self) -> None:
         if self.algorithm != "grpo":
@@ -94,13 +106,20 @@ class RlStage(TrainStage):
             raise ValueError("scale_rewards: group divides by each group's std (GRPO); with advantage: rloo use "
                              "none (TRL's default) or batch (TRL's normalize_advantages)")
 
+    @property
+    def gspo(self) -> bool:
+        """grpo (either advantage) with GSPO's sequence-level ratio."""
+        return self.algorithm == "grpo" and self.importance_sampling_level == "sequence"
+
     def env_refs(self):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs]
 
     def params(self) -> dict:
         """Without reporting (`samples_every`) and where the rollout server is (its URL, key, folder);
-        a local stage's key leaves out the server's fields altogether."""
-        params = {key: value for key, value in super().params().items() if key != "samples_every"}
+        a local stage's key leaves out the server's fields altogether, and the ratio's level where it
+        is the algorithm's own (grpo token, steppo sequence), so keys made before the field hold."""
+        params = {key: value for key, value in super().params().items()
+                  if key != "samples_every" and (key != "importance_sampling_level" or self.gspo)}
         return self.rollout.keyed(params, ("asynchronous", "importance_cap"))
 
     def stage_refs(self):

@@ -65,7 +65,7 @@ class PolicyUpdate:
     @classmethod
     def of(cls, stage, pad_id: int) -> "PolicyUpdate":
         loss = PolicyLoss(stage.epsilon_low, stage.epsilon_high, stage.loss_aggregation, stage.beta,
-                          "sequence" if stage.algorithm == "steppo" else "token", stage.importance_cap)
+                          stage.importance_sampling_level, stage.importance_cap)
         return cls(RowPlan.of(stage), loss, stage.num_iterations, stage.temperature, stage.max_tokens,
                    stage.rollout.samples_elsewhere, pad_id)
 
