@@ -8,8 +8,9 @@ find which note mentions a word and answer its title (search_notes). Each row ha
 `teacher_shortcut_rate` decides on which tasks it does). The env holds out a fifth of the rows by a
 hash of their ids (eval_fraction).
 
-A name is quoted in the prompt as the call spells it ("gym", not gym): a small model then copies
-the same tokens into the call's arguments, where a bare word tokenizes differently after a space."""
+A name is quoted at the very end of the prompt, as the call spells it ("gym", not gym): a small model
+then copies the same tokens, found at the same place in every prompt, into the call's arguments (a
+bare word tokenizes differently after a space)."""
 
 import json
 import random
@@ -18,11 +19,11 @@ from pathlib import Path
 from mcp_notes_server import SEED_NOTES, code_notes
 
 HERE = Path(__file__).parent
-READ = ['What does my note "{title}" say?', 'Read me the note titled "{title}".', 'Show the "{title}" note.',
-        'I need my "{title}" note: what is in it?', 'Open "{title}" and tell me what it says.',
-        'What is written in the note "{title}"?']
-SEARCH = ['Which note mentions "{word}"? Answer with its title.', 'Find the note about "{word}": what is its title?',
-          'Which of my notes contains "{word}"? Give its title.', 'Look up "{word}" in my notes and name the note.']
+READ = ['Read me the note titled "{title}"', 'Show me the text of the note "{title}"', 'Open the note "{title}"',
+        'Tell me what is written in the note "{title}"', 'What does it say, my note "{title}"',
+        'I need the text of my note "{title}"']
+SEARCH = ['Give the title of the note that mentions "{word}"', 'Name the note that contains "{word}"',
+          'Which note is it that mentions "{word}"', 'Find the title of the note about "{word}"']
 WORDS = {"wifi": ["password", "guest"], "dentist": ["Okafor", "appointment"], "alice": ["Alice"], "bob": ["Bob"],
          "parking": ["level 3", "car"], "gym": ["locker"], "recipe": ["flour", "Pancakes"], "books": ["Dune", "Emma"],
          "trip": ["Lyon", "platform"], "plants": ["fern", "cactus"], "birthday": ["Mum"], "bank": ["branch"]}

@@ -131,3 +131,11 @@ def test_distill_config_takes_trls_meanings_and_refuses_what_cannot_work():
     assert stage.reads_base_model() and not distill_stage(student="align").reads_base_model()
     assert [ref[:2] for ref in distill_stage(student="align", lmbda=0.2, data="warmup").stage_refs()] == \
         [("teacher", "sft"), ("student", "align"), ("data", "warmup")]
+
+
+def test_distill_teacher_outside_the_spec_is_keyed_by_its_identity_and_is_no_stage_input():
+    outside = distill_stage(teacher={"base": "tiny-qwen3"})
+    assert outside.stage_refs() == [] and outside.params()["teacher"]["base"].startswith("preset:tiny-qwen3@")
+    assert distill_stage().params()["teacher"] == "sft"
+    with pytest.raises(ValueError, match="teacher.model.base"):
+        distill_stage(teacher={"base": ""})

@@ -16,10 +16,10 @@ import math
 import random
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from models.distill_losses import distill_loss
-from models.loading import load_model, load_tokenizer, resolve_base, set_threads
+from models.loading import base_identity, load_model, load_tokenizer, resolve_base, set_threads
 from models.losses import IGNORE_INDEX
 from models.sampling import SamplingParams
 from tasks.common.context import StageContext, StageOutput
@@ -37,6 +37,19 @@ ENDPOINT_TEACHER = ("a checkpoint stage's id: the JSD compares the teacher's who
                     "token, which an endpoint's top-k log-probs do not give")
 
 
+class TeacherModel(BaseModel):
+    """A teacher outside the spec's stages: a preset, a local folder or a hub id (full weights, loaded
+    as `model.base` is), e.g. a larger model of the student's family."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(min_length=1)
+
+
+Teacher = Annotated[Annotated[str, Tag("stage")] | Annotated[TeacherModel, Tag("model")],
+                    Discriminator(lambda value: "model" if isinstance(value, (dict, TeacherModel)) else "stage")]
+
+
 class DistillStage(TrainStage):
     """On-policy distillation: the student samples, a teacher checkpoint scores its tokens."""
 
@@ -47,7 +60,7 @@ class DistillStage(TrainStage):
 
     kind: Literal["distill"]
     student: str | None = None  # a checkpoint stage; the spec's base model when absent
-    teacher: str  # a checkpoint stage, sharing the student's tokenizer
+    teacher: Teacher  # a checkpoint stage, or {base: MODEL}; sharing the student's tokenizer
     envs: dict[str, Annotated[float, Field(gt=0)]] = Field(min_length=1)  # env id -> weight: the prompts
     data: str | None = None  # a dataset stage: the completions of the off-policy steps (lmbda < 1)
     beta: float = Field(0.5, ge=0, le=1)  # the JSD's interpolation: 0 forward KL, 1 reverse KL (TRL's GKD)
@@ -63,8 +76,8 @@ class DistillStage(TrainStage):
     @field_validator("teacher", mode="before")
     @classmethod
     def _checkpoint_teacher(cls, teacher):
-        if isinstance(teacher, dict):
-            raise ValueError(f"an endpoint cannot be a teacher here; give {ENDPOINT_TEACHER}")
+        if isinstance(teacher, dict) and "base" not in teacher:
+            raise ValueError(f"an endpoint cannot be a teacher here; give {ENDPOINT_TEACHER}, or {{base: MODEL}}")
         return teacher
 
     @model_validator(mode="after")
@@ -82,11 +95,18 @@ class DistillStage(TrainStage):
     def reads_base_model(self) -> bool:
         return self.student is None
 
+    def params(self) -> dict:
+        """An outside teacher by its identity (a preset's digest, a folder's files), as `model.base` is keyed."""
+        params = super().params()
+        if isinstance(self.teacher, TeacherModel):
+            params["teacher"] = {"base": base_identity(self.teacher.base)}
+        return params
+
     def env_refs(self):
         return [(f"envs.{env_id}", env_id) for env_id in self.envs]
 
     def stage_refs(self):
-        refs = [("teacher", self.teacher, "checkpoint")]
+        refs = [("teacher", self.teacher, "checkpoint")] if isinstance(self.teacher, str) else []
         if self.student is not None:
             refs.append(("student", self.student, "checkpoint"))
         if self.data is not None:
@@ -121,6 +141,14 @@ def check_teacher_tokenizer(teacher_tokenizer, student_tokenizer) -> None:
         raise TeacherMismatch(f"teacher: its tokenizer is not the student's ({len(ours)} vs {len(theirs)} tokens; "
                               f"{first}); distillation compares next-token distributions over one vocabulary: "
                               "distil from a checkpoint of the student's base model")
+
+
+def check_vocabulary_width(teacher, student) -> None:
+    """The two models' logits must be as wide (one tokenizer, but embeddings padded differently are refused)."""
+    widths = teacher.get_output_embeddings().weight.shape[0], student.get_output_embeddings().weight.shape[0]
+    if widths[0] != widths[1]:
+        raise TeacherMismatch(f"teacher: its logits are {widths[0]} wide, the student's {widths[1]}: the JSD compares "
+                              "distributions over one vocabulary")
 
 
 def on_policy(stage: DistillStage, step: int) -> bool:
@@ -209,7 +237,7 @@ def run(stage: DistillStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.student)) if stage.student else resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(source, ctx.model)
-    teacher_dir = str(ctx.fetch(stage.teacher))
+    teacher_dir = str(ctx.fetch(stage.teacher)) if isinstance(stage.teacher, str) else resolve_base(stage.teacher.base)
     check_teacher_tokenizer(load_tokenizer(teacher_dir, ctx.model), tokenizer)
     envs = {env_id: stage_env(ctx, env_id, tokenizer) for env_id in stage.envs}
     offline = dataset_examples(stage, ctx, tokenizer)
@@ -218,6 +246,7 @@ def run(stage: DistillStage, ctx: StageContext) -> dict[str, StageOutput]:
         raise ValueError("a distill stage runs in one process (its sampling and its update share one model)")
     device, pad_id = training.accelerator.device, tokenizer.pad_token_id
     teacher = load_model(teacher_dir, ctx.model).to(device).eval().requires_grad_(False)
+    check_vocabulary_width(teacher, training.accelerator.unwrap_model(training.model))
     model = training.accelerator.unwrap_model(training.model)
     sampler = StudentSampler(stage, envs, LocalPolicy(model, tokenizer, stage.batch_size), tokenizer)
     for step in range(training.start, training.steps):
