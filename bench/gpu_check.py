@@ -33,7 +33,7 @@ from bench.gpu_check_vllm import vllm_checks
 from models.presets import materialize
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_STAGES = ("sft", "generate", "align", "rm", "online", "rl", "final-eval")  # the stages that load a model
+MODEL_STAGES = ("sft", "generate", "align", "rm", "online", "rl", "distill", "final-eval")  # the stages that load a model
 REAL_MODELS = ("LiquidAI/LFM2-350M", "Qwen/Qwen3-0.6B")
 CHATS = [{"prompt": f"What is {a} + {b}?", "completion": f"{a + b}"} for a in range(1, 9) for b in range(1, 5)]
 # pairs the preference stage always has, whatever the briefly trained policy's rollouts tie on
@@ -73,6 +73,8 @@ def pipeline_spec(store: str, base: str, lora: bool) -> dict:
              "max_steps": 2, "batch_size": 4, "max_tokens": 32},
             {"id": "rl", "kind": "rl", "policy": "align", "envs": {"arith": 1.0, "sums": 1.0}, "steps": 2,
              "prompts_per_step": 2, "group_size": 4, "max_tokens": 32, "micro_batch_size": 4, "advantage": "rloo"},
+            {"id": "distill", "kind": "distill", "teacher": "align", "student": "sft", "envs": {"arith": 1.0},
+             "max_steps": 2, "batch_size": 4, "max_new_tokens": 32},
             {"id": "final-eval", "kind": "evaluate", "checkpoints": ["sft", "rl"], "envs": ["arith"], "n": 16,
              "max_new_tokens": 32},
         ],
@@ -98,7 +100,7 @@ fsdp_config:
   fsdp_reshard_after_forward: true
   fsdp_state_dict_type: SHARDED_STATE_DICT
 """
-TRAINING_STAGES = ("sft", "align", "rm", "rl")  # online preference runs in one process
+TRAINING_STAGES = ("sft", "align", "rm", "rl")  # online preference and distill run in one process
 
 
 def write_pipeline(folder: Path, base: str, lora: bool, fsdp: bool = False) -> Path:

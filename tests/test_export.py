@@ -156,7 +156,7 @@ def test_export_model_card_holds_the_lineage_and_the_evaluations(lora_store, tmp
     assert "`tiny-llama` (identity `preset:tiny-llama@x`)" in card
     assert (f"| `{refs['sft']}` | checkpoint | sft (sft) | trained steps=3, max_steps=3, epochs=1.0, "
             "batch_size=32, learning_rate=0.001, lr_schedule=cosine |") in card
-    assert f"| `{refs['warmup']}` | dataset | warmup (synthesize) | env=arith, n=16 |" in card
+    assert f"| `{refs['warmup']}` | dataset | warmup (synthesize) | teacher=oracle, env=arith, n=16 |" in card
     assert f"Datasets: `{refs['warmup']}`." in card
     assert f"| arith | 16 | 0.625 | 1 | 0 | 12.5 | `{refs['eval']}` |" in card
 
