@@ -57,10 +57,10 @@ def run_offline(stage: PreferenceStage, ctx: StageContext, source: str, tokenize
         raise NoTrainingData(f"no preference pairs in {', '.join(str(ctx.inputs[d]) for d in stage.datasets())}: "
                              f"all {stats.prompts} prompt groups tied or unscored")
     chosen, rejected = encode_pairs(tokenizer, pairs, stage.max_seq_len)
-    for pair, c, r in zip(pairs, chosen, rejected):
-        pair["total_tokens"] = max(len(c.input_ids), len(r.input_ids))
     ref_chosen, ref_rejected = (None, None) if stage.reference_free else pair_reference_logps(
         ctx, source, pairs, chosen, rejected, tokenizer.pad_token_id)
+    for pair, c, r in zip(pairs, chosen, rejected):  # after the reference's columns: the pairs' column order
+        pair["total_tokens"] = max(len(c.input_ids), len(r.input_ids))
 
     pairs_dir = ctx.workdir / "pairs"
     write_rows(pairs, pairs_dir)
