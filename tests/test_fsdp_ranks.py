@@ -120,20 +120,31 @@ def full_state(model) -> dict:
             for name, p in model.named_parameters()}
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    from safetensors.torch import save_file
-
+def ranked_model(rank: int, port: int):
+    """This rank's fresh model in a group of 2 processes, sharded as the stage shards it."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", HF_HUB_OFFLINE="1")
     torch.manual_seed(0)
     model = fresh_model()
     learner(model)  # the process group, as the stage's accelerator makes it
     sharded(model)
-    decoded = decode_uneven(model, rank)
-    steps(model, rank, 2)
+    return model
+
+
+def save_whole_weights(model, rank: int, out_dir: str) -> None:
+    """The gathered weights, written once (rank 0) as weights.safetensors."""
+    from safetensors.torch import save_file
+
     weights = full_state(model)
     if rank == 0:
         save_file({name: tensor.contiguous() for name, tensor in weights.items()}, f"{out_dir}/weights.safetensors")
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    model = ranked_model(rank, port)
+    decoded = decode_uneven(model, rank)
+    steps(model, rank, 2)
+    save_whole_weights(model, rank, out_dir)
     with open(f"{out_dir}/decoded-{rank}.json", "w") as handle:
         json.dump(decoded, handle)
 

@@ -3,11 +3,10 @@ their batch-wide terms (orpo and cpo's NLL token count, kto's KL baseline) are s
 processes before the loss, so each step updates the weights as one process does over the whole
 batch, with uneven shares (3 rows against 2) in micro-batches of 2."""
 
-import os
 
 import pytest
 import torch
-from test_fsdp_ranks import assert_two_processes_train_as_one, fresh_model, full_state, learner, sharded
+from test_fsdp_ranks import assert_two_processes_train_as_one, learner, ranked_model, save_whole_weights
 from test_micro_batches import ragged_examples
 
 ROWS = 5
@@ -38,18 +37,9 @@ def steps(model, rank: int | None, processes: int) -> None:
 
 
 def worker(rank: int, port: int, out_dir: str) -> None:
-    from safetensors.torch import save_file
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2", HF_HUB_OFFLINE="1")
-    torch.manual_seed(0)
-    model = fresh_model()
-    learner(model)  # the process group, as the stage's accelerator makes it
-    sharded(model)
+    model = ranked_model(rank, port)
     steps(model, rank, 2)
-    weights = full_state(model)
-    if rank == 0:
-        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, f"{out_dir}/weights.safetensors")
+    save_whole_weights(model, rank, out_dir)
 
 
 @pytest.mark.timeout(600)
