@@ -8,7 +8,7 @@ import sys
 
 # Each module has `main(argv) -> result dict` and writes bench/results/<name>.json.
 BENCHES = ("sft_vs_trl", "dpo_vs_trl", "grpo_vs_trl", "overhead", "rl_seeds", "contracts", "generate",
-           "scale", "serve_batching", "rl_async", "agentic_seeds")
+           "scale", "serve_batching", "rl_async", "agentic_seeds", "learned_rewards")
 
 COLUMNS = ("name", "metric", "ours", "peer", "ratio")
 

@@ -15,16 +15,14 @@ beside the usual bench fields. `--table` prints the README's agentic table from 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 
 import yaml
 
-from bench.common import RESULTS_DIR, go_offline, make_result, write_result
+from bench.common import go_offline, make_result, write_result
 from bench import rl_seeds
-from bench.rl_seeds import EVAL_ID, run_spec
+from bench.rl_seeds import EVAL_ID, printed_table, run_spec, seeded_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,17 +98,9 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     go_offline()
-    parser = argparse.ArgumentParser(prog="python -m bench.agentic_seeds", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "agentic.yaml"))
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--store", default=None, help="default: the spec's store (reuses what a run cached)")
-    parser.add_argument("--out", default=str(RESULTS_DIR / "agentic_seeds.json"))
-    parser.add_argument("--table", action="store_true", help="print the README table from --out; run nothing")
-    args = parser.parse_args(argv)
+    args = seeded_parser("agentic_seeds", __doc__, "agentic.yaml", "agentic_seeds.json").parse_args(argv)
     if args.table:
-        result = json.loads(Path(args.out).read_text())
-        print(table(result))
-        return result
+        return printed_table(args.out, table)
     original = yaml.safe_load(Path(args.spec).read_text())
     spec, rl_ids, input_id = seeded_spec(original, args.seeds)
     summary = run_spec(spec, args.store)

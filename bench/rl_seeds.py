@@ -41,14 +41,38 @@ def seeded_spec(spec: dict, seeds: int) -> tuple[dict, list[str], str]:
     return {**spec, "stages": [*stages, *copies, evaluate]}, rl_ids, rl["policy"]
 
 
-def run_spec(spec: dict, store: str | None) -> dict:
+def run_spec(spec: dict, store: str | None, spec_dir: Path | None = None) -> dict:
+    """`posttrain run` of the spec, its summary. Written into `spec_dir` (the original spec's folder,
+    hidden, removed after) where its relative paths must resolve as the original's do."""
     with tempfile.TemporaryDirectory(prefix="bench-rl-seeds-") as tmp:
-        spec_path, summary_path = Path(tmp) / "spec.yaml", Path(tmp) / "summary.json"
+        spec_path = Path(spec_dir) / f".bench-{spec['name']}.yaml" if spec_dir else Path(tmp) / "spec.yaml"
+        summary_path = Path(tmp) / "summary.json"
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         command = [str(Path(sys.executable).with_name("posttrain")), "run", str(spec_path), "--summary-json",
                    str(summary_path), *(["--store", store] if store else [])]
-        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        finally:
+            spec_path.unlink(missing_ok=True)
         return json.loads(summary_path.read_text())
+
+
+def seeded_parser(module: str, doc: str, spec: str, out: str) -> argparse.ArgumentParser:
+    """The flags of every seeded bench (rl_seeds, agentic_seeds, learned_rewards)."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{module}", description=doc.splitlines()[0])
+    parser.add_argument("--spec", default=str(ROOT / "pipelines" / spec))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--store", default=None, help="default: the spec's store (reuses what a run cached)")
+    parser.add_argument("--out", default=str(RESULTS_DIR / out))
+    parser.add_argument("--table", action="store_true", help="print the table from --out; run nothing")
+    return parser
+
+
+def printed_table(out: str, table) -> dict:
+    """`--table`: the results file at `out`, its table printed."""
+    result = json.loads(Path(out).read_text())
+    print(table(result))
+    return result
 
 
 def table(result: dict) -> str:
@@ -70,17 +94,9 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     go_offline()
-    parser = argparse.ArgumentParser(prog="python -m bench.rl_seeds", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default=str(ROOT / "pipelines" / "quickstart.yaml"))
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--store", default=None, help="default: the spec's store (reuses what make run cached)")
-    parser.add_argument("--out", default=str(RESULTS_DIR / "rl_seeds.json"))
-    parser.add_argument("--table", action="store_true", help="print the README table from --out; run nothing")
-    args = parser.parse_args(argv)
+    args = seeded_parser("rl_seeds", __doc__, "quickstart.yaml", "rl_seeds.json").parse_args(argv)
     if args.table:
-        result = json.loads(Path(args.out).read_text())
-        print(table(result))
-        return result
+        return printed_table(args.out, table)
     spec, rl_ids, input_id = seeded_spec(yaml.safe_load(Path(args.spec).read_text()), args.seeds)
     summary = run_spec(spec, args.store)
     evaluation = next(s for s in summary["stages"] if s["id"] == EVAL_ID)["metrics"]

@@ -18,6 +18,9 @@ class ContractConfig(BaseModel):
 
     mode: Literal["enforce", "warn"] = "enforce"
     max_truncated_fraction: float | None = Field(None, ge=0, le=1)
+    # a sampled completion may stop at once (its first token the end of turn): a share this size of
+    # blank text passes; 0 refuses any, as for a user's own data
+    max_blank_fraction: float | None = Field(None, ge=0, le=1)
     reward_range: tuple[float, float] | None = None
     context_length: int | None = Field(None, gt=0)
 
@@ -35,6 +38,7 @@ class ContractParams:
     kind: str
     mode: str = "enforce"
     max_truncated_fraction: float = 0.2
+    max_blank_fraction: float = 0.0
     reward_range: tuple[float, float] | None = None
     group_size: int | None = None
     context_length: int | None = None

@@ -161,8 +161,9 @@ def expectations(frame, params: ContractParams) -> list:
                if name in frame.columns]
     present = [c for c in REQUIRED[kind] if c in frame.columns]
     checks += [gxe.ExpectColumnValuesToNotBeNull(column=column) for column in present]
-    checks += [gxe.ExpectColumnValuesToNotMatchRegex(column=column, regex=BLANK) for column in TEXT_COLUMNS[kind]
-               if column in frame.columns]
+    blank_allowed = {"mostly": 1.0 - params.max_blank_fraction} if params.max_blank_fraction else {}
+    checks += [gxe.ExpectColumnValuesToNotMatchRegex(column=column, regex=BLANK, **blank_allowed)
+               for column in TEXT_COLUMNS[kind] if column in frame.columns]
     if kind == "eval":
         checks.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=["checkpoint", "env", "mode", "task_id"]))
     elif "id" in frame.columns:

@@ -350,6 +350,18 @@ def _where_credentials_go(field: str) -> str:
     return FROM_THE_ENVIRONMENT  # the store, its options, a dataset's source
 
 
+def _check_held_out_as(spec: PipelineSpec) -> None:
+    """An env's `held_out_as` names another env that reads task rows."""
+    from envs.dataset.config import TaskRows
+
+    row_envs = [env_id for env_id, config in spec.envs.items() if isinstance(config, TaskRows)]
+    for env_id in row_envs:
+        other = spec.envs[env_id].held_out_as
+        if other is not None and (other == env_id or other not in row_envs):
+            raise SpecError(f"envs.{env_id}.held_out_as: {other!r} is not another env of task rows "
+                            f"(those: {', '.join(e for e in row_envs if e != env_id) or 'none'})")
+
+
 def _check_graph(spec: PipelineSpec) -> None:
     """Ids unique, references resolve to the right artifact kind, no cycles."""
     index = {}
@@ -377,6 +389,7 @@ def _check_graph(spec: PipelineSpec) -> None:
             produced = spec.stages[index[target]].output_kind()
             if produced is not None and produced != wanted:
                 raise SpecError(f"{field}: stage {target!r} produces a {produced}, a {wanted} is expected here")
+    _check_held_out_as(spec)
     for i, env_id in enumerate(spec.evaluation.envs or []):
         if env_id not in spec.envs:
             raise SpecError(f"evaluation.envs[{i}]: unknown env {env_id!r} (known: {', '.join(spec.envs)})")

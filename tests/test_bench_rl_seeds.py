@@ -94,3 +94,41 @@ def test_agentic_seeds_writes_every_seed_against_the_rl_input_and_prints_the_tab
     agentic_seeds.main(["--out", str(out), "--table"])
     printed = capsys.readouterr().out
     assert printed.startswith("| env | held-out episodes | sft |") and "| cod | 8 |" in printed
+
+
+def test_learned_rewards_rows_and_table_from_an_evaluations_metrics():
+    """bench/learned_rewards.py's results rows (gains in points, paired with sft) and its docs table."""
+    from bench import learned_rewards
+
+    metrics = {"accuracy": 0.8, "sampled_accuracy": 0.6, "doom_loop_rate": 0.0, "mean_reward": 0.71,
+               "paired_gain": 0.0889, "paired_se": 0.0321, "sampled_paired_gain": 0.1, "sampled_paired_se": 0.05}
+    row = learned_rewards.seed_row(2, metrics)
+    assert row == {"seed": 2, "gain": 8.89, "paired_se": 3.21, "sampled_gain": 10.0, "sampled_paired_se": 5.0,
+                   "accuracy": 0.8, "sampled_accuracy": 0.6, "doom_loop_rate": 0.0, "mean_reward": 0.71}
+    result = {"seeds": [row], "contrast": {**row, "gain": -20.0}, "config": {
+        "input_id": "sft", "rl_ids": ["rl-seed2"],
+        "sft": {"accuracy": 0.7111, "sampled_accuracy": 0.5, "doom_loop_rate": 0.0, "mean_reward": 0.6}}}
+    assert learned_rewards.table(result).splitlines()[2:] == [
+        "| `sft` | 71.1 % | 50.0 % | 0.600 | | |",
+        "| `rl-seed2` (seed 2) | 80.0 % | 60.0 % | 0.710 | +8.9 ± 3.2 | +10.0 ± 5.0 |",
+        "| `rl-contrast`: reward model of the preference pairs, pushed, no KL | 80.0 % | 60.0 % | 0.710 | "
+        "-20.0 ± 3.2 | +10.0 ± 5.0 |"]
+
+
+def test_learned_rewards_contrast_trains_on_the_preference_pairs_and_holds_out_the_same_prompts():
+    """The contrast's reward model reads the user's pairs (no rollouts), its env holds out what the
+    shipped env holds out, and its rl stage is pushed without a KL, evaluated with the seeds."""
+    from bench import learned_rewards
+    from bench.rl_seeds import EVAL_ID, seeded_spec
+    from conftest import ROOT
+
+    shipped = yaml.safe_load((ROOT / "pipelines" / "learned-rewards.yaml").read_text())
+    spec = learned_rewards.with_contrast(seeded_spec(shipped, 2)[0], "../examples/preferences.jsonl")
+    stages = {stage["id"]: stage for stage in spec["stages"]}
+    assert stages["rm-pairs"]["data"] == "contrast-pairs" and "rollout_pairs" not in stages["rm-pairs"]
+    assert stages["contrast-pairs"]["source"] == "../examples/preferences.jsonl"
+    env = spec["envs"]["sums-pairs"]
+    assert env["held_out_as"] == "sums" and {"reward_model": "rm-pairs", "weight": 1.0} in env["rewards"]
+    assert stages["rl-contrast"]["envs"] == {"sums-pairs": 1.0} and stages["rl-contrast"]["beta"] == 0.0
+    assert stages[EVAL_ID]["checkpoints"] == ["sft", "rl", "rl-seed1", "rl-contrast"]
+    assert spec["stages"][-1]["id"] == EVAL_ID

@@ -95,6 +95,15 @@ def test_truncated_share_above_the_spec():
     assert validate(frame, ROLLOUTS).success
 
 
+def test_blank_share_allowed_by_the_spec():
+    """A sampled completion that stops at once is blank; `max_blank_fraction` lets a share of them pass."""
+    frame = seeded(seeded(rollout_rows(), "completion", 2, ""), "completion", 7, " ")  # 2 of 12
+    assert "expect_column_values_to_not_match_regex(completion): 2 rows, e.g. r2, r7" in failed(frame, ROLLOUTS)
+    assert validate(frame, ROLLOUTS.overridden(ContractConfig(max_blank_fraction=0.2))).success
+    assert "expect_column_values_to_not_match_regex(completion): 2 rows" in failed(
+        frame, ROLLOUTS.overridden(ContractConfig(max_blank_fraction=0.1)))
+
+
 @pytest.mark.parametrize("bad", [math.inf, -0.5, 1.5, math.nan])
 def test_rewards_non_finite_or_out_of_range(bad):
     message = failed(seeded(rollout_rows(), "reward", 5, bad), ROLLOUTS)

@@ -70,6 +70,21 @@ def test_splits_are_disjoint_and_held_out_by_fraction(tmp_path, monkeypatch):
     assert len(env.rows["train"]) == 10 and len(env.rows["eval"]) == 3
 
 
+def test_an_env_held_out_as_another_holds_out_the_same_rows():
+    """Two envs over the same rows (one scores generation with a check, one rewards RL with a learned
+    reward): by name alone each holds out other rows; `held_out_as` makes the splits one."""
+    def split(name: str, held_out_as: str | None = None) -> set[str]:
+        config = DatasetEnvConfig(kind="dataset", data="qa", eval_fraction=0.3, held_out_as=held_out_as,
+                                  rewards=[{"function": "posttrain.rewards:answer_format", "weight": 1.0}])
+        env = DatasetEnv(config, name)
+        env.use_rows(stored_rows(200))
+        return {task.id.removeprefix(f"{name}-") for task in env.rows["eval"]}
+
+    sums = split("sums")
+    assert split("checked") != sums  # the env's name is in the hash
+    assert split("checked", held_out_as="sums") == sums
+
+
 def test_synthesize_draws_a_repeated_row_under_an_id_of_its_own(tmp_path, monkeypatch):
     """More teacher traces than train rows (pipelines/mcp.yaml: 600 over ~70): the repeats get ids of
     their own, as the sft contract wants them unique, and the first pass keeps the rows' ids."""

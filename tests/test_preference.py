@@ -43,6 +43,24 @@ def test_tied_and_unscored_groups_are_dropped_and_counted():
     assert (stats.prompts, stats.pairs, stats.dropped_tied, stats.dropped_unscored) == (3, 1, 1, 1)
 
 
+def test_every_pair_of_a_group_for_a_reward_model_held_out_by_group():
+    """`rollout_pairs: all`: each completion over each one scored lower (ties are no pair); a group's
+    pairs share its split key, so the held-out pairs are whole groups."""
+    from tasks.common.pairs import split_key
+
+    rows = [rollout("p", 0, 1.0, 20), rollout("p", 1, 1.0, 30), rollout("p", 2, 0.0, 30), rollout("p", 3, 0.5, 30)]
+    rows += [rollout("tied", i, 0.0, 30) for i in range(2)]
+    pairs, stats = preference_pairs(rows, every_pair=True)
+    assert sorted((p["chosen"], p["rejected"]) for p in pairs) == [
+        ("p answer 0", "p answer 2"), ("p answer 0", "p answer 3"), ("p answer 1", "p answer 2"),
+        ("p answer 1", "p answer 3"), ("p answer 3", "p answer 2")]
+    assert (stats.prompts, stats.pairs, stats.dropped_tied) == (2, 5, 1)
+    assert len({p["id"] for p in pairs}) == 5 and {split_key(p) for p in pairs} == {"p"}
+    assert preference_pairs(rows, min_reward_gap=0.5, every_pair=True)[1].pairs == 2
+    [best_vs_worst], _ = preference_pairs(rows[:4])
+    assert split_key(best_vs_worst) == best_vs_worst["id"] == "p"
+
+
 def test_min_reward_gap_drops_near_ties():
     rows = [rollout("p", 0, 1.0, 30), rollout("p", 1, 0.9, 30)]
     assert preference_pairs(rows, min_reward_gap=0.0)[1].pairs == 1

@@ -454,6 +454,14 @@ def learned_rewards_spec(reward: dict, **rl) -> dict:
                        {"id": "chats", "kind": "dataset", "source": str(ROOT / "examples" / "chats.jsonl")}]}
 
 
+def with_checked_env(**fields) -> dict:
+    """learned_rewards_spec with a second env over the same rows, scored by a check."""
+    spec = learned_rewards_spec({"reward_model": "rm"})
+    spec["envs"]["checked"] = {**spec["envs"]["sums"], "rewards": [{"function": "posttrain.rewards:answer_format"}],
+                               **fields}
+    return spec
+
+
 @pytest.mark.parametrize("spec, message", [
     (learned_rewards_spec({"reward_model": "sft"}),
      "envs.sums.rewards[1].reward_model: stage 'sft' produces a checkpoint, a reward model is expected here"),
@@ -473,9 +481,11 @@ def learned_rewards_spec(reward: dict, **rl) -> dict:
      "stages[3]: Value error, scale_rewards: group divides by each group's std (GRPO); with advantage: rloo"),
     (learned_rewards_spec({"weight": 1.0}),
      "envs.sums.rewards[1]: a reward names its `function`, `reward_model` or `judge`"),
+    (with_checked_env(held_out_as="summs"),
+     "envs.checked.held_out_as: 'summs' is not another env of task rows (those: sums)"),
 ], ids=["reward_model is a checkpoint", "unknown reward_model", "reward model as a policy", "reward_model output",
         "judge prompt without completion", "judge score range", "rloo with steppo", "rloo with group scaling",
-        "reward without a source"])
+        "reward without a source", "held_out_as names no env"])
 def test_bad_learned_reward_spec_is_one_line_exit_2(spec, message, tmp_path, capsys):
     path = write_spec(tmp_path, spec)
     for command in ("validate", "run"):

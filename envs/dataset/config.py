@@ -143,6 +143,10 @@ class TaskRows(BaseModel):
     limit: int | None = Field(None, gt=0)
     shuffle_seed: int | None = None
     eval_fraction: float = Field(0.1, ge=0, lt=1)
+    # another row env whose held-out split this one shares: the split hashes each row's id with an
+    # env's name, so two envs over the same rows (one scoring generation with a check, one rewarding
+    # RL with a learned reward) hold out the same rows only when one names the other here
+    held_out_as: str | None = None
     eval_data: str | None = None
     eval_source: str | None = None
     # the folder its reward modules are looked for in first: the spec file's (flows/spec_data.py sets

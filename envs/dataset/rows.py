@@ -1,7 +1,8 @@
 """Tasks from the rows of a prompts dataset (the `dataset` and `mcp` kinds): the rows of the env's
 dataset stages (`data`, `eval_data`), handed over by the stage with `use_rows`, as tasks of each
-split; the held-out split is `eval_fraction` of the rows (by a hash of the row's id) or a second
-dataset. A row's columns besides the prompt ride along in `Task.info["columns"]`."""
+split; the held-out split is `eval_fraction` of the rows (by a hash of the row's id and the env's
+name, or the name of the env it is `held_out_as`) or a second dataset. A row's columns besides the
+prompt ride along in `Task.info["columns"]`."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ class RowTasks:
         if eval_rows is not None:
             self.rows = {"train": tasks, "eval": [self.task(row) for row in eval_rows]}
             return
-        cut = self.config.eval_fraction
-        held_out = [zlib.crc32(task.id.encode()) % 10_000 < cut * 10_000 for task in tasks]
+        cut, key = self.config.eval_fraction, self.config.held_out_as or self.name
+        held_out = [zlib.crc32(f"{key}-{row['id']}".encode()) % 10_000 < cut * 10_000 for row in rows]
         self.rows = {"train": [t for t, out in zip(tasks, held_out) if not out],
                      "eval": [t for t, out in zip(tasks, held_out) if out]}
 

@@ -2,11 +2,12 @@
 like sft: TRL's RewardTrainer as a stage.
 
 Its data: a user's preference datasets (TRL's formats, conversational included) or rollouts
-(generate), paired as the preference stage pairs them (tasks/common/pairs.py), mixed by weight.
+(generate), paired as the preference stage pairs them (tasks/common/pairs.py) or every pair of a
+group (`rollout_pairs: all`), mixed by weight.
 The model: the input checkpoint (or the spec's base model) with a new one-output score head
 (transformers' sequence classification), LoRA or full as the spec's `model.lora` says; a LoRA
 reward model trains and saves its whole head. `eval_fraction` of the pairs (by a hash of the
-pair's id) is held out: the stage reports the pairwise accuracy on them (chosen scored above
+pair's id, or its group's) is held out: the stage reports the pairwise accuracy on them (chosen scored above
 rejected) at every checkpoint and at the end. The result is committed as a `reward_model`
 artifact, which rewards a dataset env's completions (`rewards: [{reward_model: STAGE_ID}]`,
 tasks/rollout/learned_rewards.py) and which no policy evaluation is triggered for.
@@ -23,7 +24,7 @@ from models.losses import reward_model_loss
 from tasks.common.context import StageContext, StageOutput
 from tasks.common.encoding import Example, preference_examples
 from tasks.common.errors import NoTrainingData
-from tasks.common.pairs import input_pairs
+from tasks.common.pairs import input_pairs, split_key
 from tasks.config import PLOT_MODULES, DatasetTrainStage
 from tasks.rollout.reward_models import held_out, reward_scores, scores_in_batches
 from tasks.train.learner import Learner
@@ -44,6 +45,9 @@ class RewardModelStage(DatasetTrainStage):
     eval_fraction: float = Field(0.1, ge=0, lt=1)  # pairs held out for the pairwise accuracy
     center_rewards_coefficient: float | None = Field(None, ge=0)  # TRL's: pulls scores towards 0
     min_reward_gap: float = Field(0.0, ge=0)  # rollouts: pairs need chosen - rejected reward above this
+    # rollouts: a group's best vs its worst completion (as preference stages pair them), or every
+    # completion vs each one scored lower (InstructGPT's comparisons: more of the policy's mistakes)
+    rollout_pairs: Literal["best_vs_worst", "all"] = "best_vs_worst"
     learning_rate: float = Field(1e-4, gt=0)
     batch_size: int = Field(16, gt=0)
     warmup_steps: int = Field(10, ge=0)
@@ -98,9 +102,10 @@ def run(stage: RewardModelStage, ctx: StageContext) -> dict[str, StageOutput]:
     set_threads(ctx.model)
     source = str(ctx.fetch(stage.policy)) if stage.policy else resolve_base(ctx.model.base)
     tokenizer = load_tokenizer(source, ctx.model)
-    pairs, stats, per_dataset = input_pairs(ctx, stage.datasets(), stage.min_reward_gap)
+    pairs, stats, per_dataset = input_pairs(ctx, stage.datasets(), stage.min_reward_gap,
+                                            every_pair=stage.rollout_pairs == "all")
     sides = [preference_examples(tokenizer, pair, stage.max_seq_len) for pair in pairs]
-    split = [held_out(pair["id"], stage.eval_fraction) for pair in pairs]
+    split = [held_out(split_key(pair), stage.eval_fraction) for pair in pairs]
     train = [i for i, out in enumerate(split) if not out]  # in dataset order, as the pairs
     held = [i for i, out in enumerate(split) if out]
     ctx.log(f"{len(train)} training and {len(held)} held-out pairs ({stats.dropped_tied} tied and "
