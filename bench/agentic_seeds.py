@@ -10,12 +10,16 @@ standard error, come from the same held-out tasks. Writes bench/results/agentic_
 (one value per seed, rates in 0-1; sft and align are trained once, so their values repeat)
 beside the usual bench fields. `--table` prints the README's agentic table from that file.
 
-    python -m bench.agentic_seeds [--spec pipelines/agentic.yaml] [--seeds 3] [--store URI] [--table]
+    python -m bench.agentic_seeds [--spec pipelines/agentic.yaml] [--seeds 3] [--store URI] [--fresh-run] [--table]
+
+`--fresh-run` first runs the spec as it is on an empty --store, timed: `config.fresh_run_seconds`, the
+end-to-end time of a fresh run (the seeds then reuse its stages).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
 
 import yaml
@@ -96,12 +100,32 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def fresh_run_seconds(summary: dict, seconds: float) -> float:
+    """The wall seconds of a run of the spec as it is, which must have found nothing in its store."""
+    cached = [stage["id"] for stage in summary["stages"] if stage["state"] == "cached"]
+    if cached:
+        raise SystemExit(f"--fresh-run: the store already held {len(cached)} of the spec's stages "
+                         f"({', '.join(cached[:3])}, ...); give an empty --store")
+    return round(seconds, 1)
+
+
+def timed_fresh_run(spec: dict, store: str | None) -> float:
+    started = time.monotonic()
+    summary = run_spec(spec, store)
+    return fresh_run_seconds(summary, time.monotonic() - started)
+
+
 def main(argv: list[str] | None = None) -> dict:
     go_offline()
-    args = seeded_parser("agentic_seeds", __doc__, "agentic.yaml", "agentic_seeds.json").parse_args(argv)
+    parser = seeded_parser("agentic_seeds", __doc__, "agentic.yaml", "agentic_seeds.json")
+    parser.add_argument("--fresh-run", action="store_true",
+                        help="first run the spec as it is on --store, which must be empty, timed "
+                             "(config.fresh_run_seconds); the seeds then reuse what it made")
+    args = parser.parse_args(argv)
     if args.table:
         return printed_table(args.out, table)
     original = yaml.safe_load(Path(args.spec).read_text())
+    fresh = {"fresh_run_seconds": timed_fresh_run(original, args.store)} if args.fresh_run else {}
     spec, rl_ids, input_id = seeded_spec(original, args.seeds)
     summary = run_spec(spec, args.store)
     stages = {stage["id"]: stage for stage in summary["stages"]}
@@ -116,7 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "total_seconds": round(sum(stage["seconds"] for stage in stages.values()), 1),
                 # stages the store already held (a run of the same spec and code): their seconds are a cache lookup
                 "cached": [stage_id for stage_id, stage in stages.items() if stage["state"] == "cached"],
+                **fresh,
                 "command": f"python -m bench.agentic_seeds --seeds {args.seeds}"
+                           + (" --fresh-run" if args.fresh_run else "")
                            + (f" --store {args.store}" if args.store else "")})
     result.update(envs=envs, cod_by_position=positions)
     path = write_result(result, args.out)

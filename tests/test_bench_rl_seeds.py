@@ -132,3 +132,14 @@ def test_learned_rewards_contrast_trains_on_the_preference_pairs_and_holds_out_t
     assert stages["rl-contrast"]["envs"] == {"sums-pairs": 1.0} and stages["rl-contrast"]["beta"] == 0.0
     assert stages[EVAL_ID]["checkpoints"] == ["sft", "rl", "rl-seed1", "rl-contrast"]
     assert spec["stages"][-1]["id"] == EVAL_ID
+
+
+def test_agentic_fresh_run_seconds_only_from_a_run_that_found_nothing_cached():
+    from bench import agentic_seeds
+
+    fresh = {"stages": [{"id": "warm-term", "state": "completed"}, {"id": "rl", "state": "completed"}]}
+    assert agentic_seeds.fresh_run_seconds(fresh, 1415.67) == 1415.7
+    reused = {"stages": [{"id": "warm-term", "state": "cached"}, {"id": "rl", "state": "completed"}]}
+    with pytest.raises(SystemExit, match="--fresh-run: the store already held 1 of the spec's stages "
+                                         r"\(warm-term, ...\); give an empty --store"):
+        agentic_seeds.fresh_run_seconds(reused, 12.0)

@@ -59,6 +59,7 @@ def test_every_pair_of_a_group_for_a_reward_model_held_out_by_group():
     assert preference_pairs(rows, min_reward_gap=0.5, every_pair=True)[1].pairs == 2
     [best_vs_worst], _ = preference_pairs(rows[:4])
     assert split_key(best_vs_worst) == best_vs_worst["id"] == "p"
+    assert split_key({"id": "prefs/pair-7"}) == "prefs/pair-7"  # a given pair's id is its own key
 
 
 def test_min_reward_gap_drops_near_ties():

@@ -20,7 +20,9 @@ class PairStats:
     dropped_unscored: int = 0  # fewer than two completions with a finite score
 
 
-EVERY_PAIR_MARK = "/pair-"  # joins a group's id and a pair's place in it (rollout_pairs: all)
+# joins a group's id and a pair's place in it (rollout_pairs: all): the ASCII unit separator, which
+# no id of a row is expected to hold ("/pair-" would cut `prefs/pair-7`, a given pair's id, in two)
+EVERY_PAIR_MARK = "\x1f"
 
 
 def preference_pairs(rollouts: list[dict], min_reward_gap: float = 0.0,
