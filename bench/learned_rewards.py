@@ -26,7 +26,6 @@ import yaml
 from bench.common import go_offline, make_result, write_result
 from bench.rl_seeds import EVAL_ID, printed_table, run_spec, seeded_parser, seeded_spec
 
-ROOT = Path(__file__).resolve().parent.parent
 CONTRAST = "rl-contrast"
 CONTRAST_RL = {"learning_rate": 5e-5, "steps": 60, "beta": 0.0}  # pushed, and nothing holds it near sft
 # the rows' check decides `accuracy`; the learned reward is the env's only weighted term, so the
@@ -73,16 +72,12 @@ def table(result: dict) -> str:
              "gain ± paired SE | sampled gain ± paired SE |", "|---|---:|---:|---:|---:|---:|",
              f"| `{config['input_id']}` | {100 * sft['accuracy']:.1f} % | {100 * sft['sampled_accuracy']:.1f} % | "
              f"{sft['mean_reward']:.3f} | | |"]
-    for rl_id, seed in zip(config["rl_ids"], result["seeds"]):
-        lines.append(f"| `{rl_id}` (seed {seed['seed']}) | {100 * seed['accuracy']:.1f} % | "
-                     f"{100 * seed['sampled_accuracy']:.1f} % | {seed['mean_reward']:.3f} | "
-                     f"{seed['gain']:+.1f} ± {seed['paired_se']:.1f} | "
-                     f"{seed['sampled_gain']:+.1f} ± {seed['sampled_paired_se']:.1f} |")
-    contrast = result["contrast"]
-    lines.append(f"| `{CONTRAST}`: reward model of the preference pairs, pushed, no KL | "
-                 f"{100 * contrast['accuracy']:.1f} % | {100 * contrast['sampled_accuracy']:.1f} % | "
-                 f"{contrast['mean_reward']:.3f} | {contrast['gain']:+.1f} ± {contrast['paired_se']:.1f} | "
-                 f"{contrast['sampled_gain']:+.1f} ± {contrast['sampled_paired_se']:.1f} |")
+    labelled = [(f"`{rl_id}` (seed {seed['seed']})", seed) for rl_id, seed in zip(config["rl_ids"], result["seeds"])]
+    labelled.append((f"`{CONTRAST}`: reward model of the preference pairs, pushed, no KL", result["contrast"]))
+    for label, row in labelled:
+        lines.append(f"| {label} | {100 * row['accuracy']:.1f} % | {100 * row['sampled_accuracy']:.1f} % | "
+                     f"{row['mean_reward']:.3f} | {row['gain']:+.1f} ± {row['paired_se']:.1f} | "
+                     f"{row['sampled_gain']:+.1f} ± {row['sampled_paired_se']:.1f} |")
     return "\n".join(lines)
 
 
